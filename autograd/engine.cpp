@@ -1,0 +1,109 @@
+// The backward engine: counts how many gradients each node waits for, then runs nodes whose
+// gradients are complete, latest-created first (so backward mirrors forward in reverse, and the
+// gradients of the last layers reach their leaves first: what lets DDP start communicating early).
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "tandem/autograd/grad_mode.h"
+#include "tandem/autograd/node.h"
+#include "tandem/core/kernels.h"
+
+namespace tandem::autograd {
+
+namespace {
+struct LaterFirst {
+  bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
+    return a->sequence_nr() < b->sequence_nr();
+  }
+};
+
+std::unordered_map<Node*, int> count_dependencies(const std::shared_ptr<Node>& root) {
+  std::unordered_map<Node*, int> deps;
+  std::unordered_set<Node*> seen{root.get()};
+  std::vector<Node*> stack{root.get()};
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const auto& next : node->next) {
+      if (!next) continue;
+      ++deps[next.get()];
+      if (seen.insert(next.get()).second) stack.push_back(next.get());
+    }
+  }
+  return deps;
+}
+
+void check_gradient(const Node& node, size_t i, const Tensor& grad) {
+  TANDEM_CHECK(grad.shape() == node.input_shapes[i] && grad.dtype() == node.input_dtypes[i] &&
+                   grad.device() == node.input_devices[i],
+               "backward of ", node.name(), " returned a gradient with shape ", shape_str(grad.shape()), ", ",
+               grad.dtype(), " on ", grad.device(), " for input ", i, " with shape ", shape_str(node.input_shapes[i]),
+               ", ", node.input_dtypes[i], " on ", node.input_devices[i]);
+}
+}  // namespace
+
+void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_graph) {
+  TANDEM_CHECK_AS(ValueError, root.requires_grad(), "backward: the tensor (shape ", shape_str(root.shape()),
+                  ") does not require grad: none of the inputs it was computed from has requires_grad set, "
+                  "or it was computed under NoGradGuard");
+  Tensor gradient = gradient_in;
+  if (!gradient.defined()) {
+    TANDEM_CHECK_AS(ValueError, root.numel() == 1, "backward: a gradient can be implied only for a scalar output, "
+                    "but the tensor has shape ", shape_str(root.shape()), "; pass backward(gradient)");
+    gradient = ones(root.shape(), root.options());
+  }
+  TANDEM_CHECK_AS(ValueError, gradient.shape() == root.shape(), "backward: the gradient has shape ",
+                  shape_str(gradient.shape()), " but the tensor has shape ", shape_str(root.shape()));
+  TANDEM_CHECK_AS(TypeError, gradient.dtype() == root.dtype() && gradient.device() == root.device(),
+                  "backward: the gradient is ", gradient.dtype(), " on ", gradient.device(), " but the tensor is ",
+                  root.dtype(), " on ", root.device());
+
+  NoGradGuard no_grad;  // the backward computation itself is not recorded
+  std::shared_ptr<Node> root_node = gradient_edge(root);
+  std::unordered_map<Node*, int> deps = count_dependencies(root_node);
+  std::unordered_map<Node*, Tensor> buffers{{root_node.get(), gradient.detach()}};
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst> ready;
+  ready.push(root_node);
+
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    auto it = buffers.find(node.get());
+    Tensor grad = std::move(it->second);
+    buffers.erase(it);
+    std::vector<Tensor> grads = node->apply(std::move(grad));
+    if (!retain_graph) node->release();
+    for (size_t i = 0; i < node->next.size(); ++i) {
+      const std::shared_ptr<Node>& next = node->next[i];
+      if (!next) continue;
+      if (i < grads.size() && grads[i].defined()) {
+        check_gradient(*node, i, grads[i]);
+        Tensor& slot = buffers[next.get()];
+        slot = slot.defined() ? kernels::binary(BinaryOp::add, slot, grads[i]) : grads[i];
+      }
+      if (--deps[next.get()] == 0) {
+        if (buffers.count(next.get())) {
+          ready.push(next);
+        } else {
+          // No gradient arrived (all producers returned none): the branch contributes nothing,
+          // but its own inputs still wait on it, so release them the same way.
+          std::vector<std::shared_ptr<Node>> silent{next};
+          while (!silent.empty()) {
+            std::shared_ptr<Node> s = silent.back();
+            silent.pop_back();
+            if (!retain_graph) s->release();
+            for (const auto& n : s->next) {
+              if (n && --deps[n.get()] == 0) {
+                if (buffers.count(n.get())) ready.push(n);
+                else silent.push_back(n);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace tandem::autograd

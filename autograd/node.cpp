@@ -1,0 +1,76 @@
+#include "tandem/autograd/node.h"
+
+#include <atomic>
+
+#include "tandem/autograd/grad_mode.h"
+#include "tandem/core/kernels.h"
+
+namespace tandem::autograd {
+
+namespace {
+std::atomic<uint64_t> next_sequence_nr{0};
+}
+
+Node::Node() : sequence_nr_(next_sequence_nr++) {}
+
+std::vector<Tensor> FunctionNode::apply(Tensor grad_output) {
+  TANDEM_CHECK(backward_ != nullptr, "backward: tried to go through ", name_,
+               " a second time, but the saved tensors of the graph were freed after the first backward; "
+               "pass retain_graph=true to the first backward() to go through it again");
+  return backward_(grad_output);
+}
+
+std::vector<Tensor> AccumulateGrad::apply(Tensor grad) {
+  AutogradMeta& m = meta(leaf_);
+  if (!m.grad.defined()) {
+    // Take the incoming buffer when nothing else refers to it; otherwise copy, so that later
+    // in-place accumulation never writes into another tensor's memory.
+    bool owned = grad.use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous() &&
+                 grad.offset() == 0 && grad.autograd_meta() == nullptr;
+    m.grad = owned ? grad : kernels::clone(grad);
+  } else {
+    kernels::add_(m.grad, grad);  // in place: the .grad buffer may be a view DDP watches
+  }
+  for (auto& hook : m.post_accumulate_hooks) hook(leaf_);
+  return {};
+}
+
+AutogradMeta& meta(const Tensor& t) {
+  auto& m = t.autograd_meta();
+  if (!m) m = std::make_shared<AutogradMeta>();
+  return *m;
+}
+
+std::shared_ptr<Node> gradient_edge(const Tensor& t) {
+  auto& m = t.autograd_meta();
+  if (!m || !m->requires_grad) return nullptr;
+  if (m->grad_fn) return m->grad_fn;
+  std::shared_ptr<Node> acc = m->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t);
+    m->grad_accumulator = acc;
+  }
+  return acc;
+}
+
+Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, BackwardFn backward) {
+  if (!GradMode::is_enabled()) return out;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!any) return out;
+  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  for (const Tensor& t : inputs) {
+    node->next.push_back(t.defined() ? gradient_edge(t) : nullptr);
+    node->input_shapes.push_back(t.defined() ? t.shape() : Shape{});
+    node->input_dtypes.push_back(t.defined() ? t.dtype() : DType::f32);
+    node->input_devices.push_back(t.defined() ? t.device() : Device());
+  }
+  // `out` may share its metadata with an input (an op that returned its input): give it its own.
+  if (out.autograd_meta() != nullptr) out = out.as_strided(out.shape(), out.strides(), out.offset());
+  AutogradMeta& m = meta(out);
+  m.requires_grad = true;
+  m.grad_fn = std::move(node);
+  return out;
+}
+
+}  // namespace tandem::autograd

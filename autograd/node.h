@@ -1,0 +1,95 @@
+#pragma once
+// The backward graph. Every differentiable op that sees an input requiring grad records one Node
+// for its (single) output: its backward function and an edge to each input's own node (the
+// input's grad_fn, or the AccumulateGrad of a leaf). Ops with several results (max with indices)
+// give only the differentiable one a node.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/core/tensor.h"
+
+namespace tandem::autograd {
+
+class Node;
+
+// What autograd keeps per tensor, created when a tensor first takes part in autograd.
+struct AutogradMeta {
+  bool requires_grad = false;
+  Tensor grad;                                  // leaves only: the accumulated gradient
+  std::shared_ptr<Node> grad_fn;                // non-leaves: the node that computes this tensor's gradient
+  std::weak_ptr<Node> grad_accumulator;         // leaves: the node that accumulates into grad (made lazily)
+  std::vector<std::function<void(const Tensor&)>> post_accumulate_hooks;  // leaves: run after accumulation
+};
+
+class Node {
+ public:
+  Node();
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Gradients for each input (an undefined tensor where there is none) from the output's gradient.
+  virtual std::vector<Tensor> apply(Tensor grad_output) = 0;
+  virtual std::string name() const = 0;
+  // Frees what the backward saved; called after the node ran unless the graph is retained.
+  virtual void release() {}
+
+  // Nodes of the inputs, in input order; null for inputs that need no gradient.
+  std::vector<std::shared_ptr<Node>> next;
+  // Shapes, dtypes and devices of the inputs, to check each returned gradient against.
+  std::vector<Shape> input_shapes;
+  std::vector<DType> input_dtypes;
+  std::vector<Device> input_devices;
+  // Creation order: the engine runs later nodes first, so backward mirrors forward in reverse.
+  uint64_t sequence_nr() const { return sequence_nr_; }
+
+ private:
+  uint64_t sequence_nr_;
+};
+
+using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+
+// A node whose backward is a function (usually a lambda beside the op's forward).
+class FunctionNode : public Node {
+ public:
+  FunctionNode(std::string name, BackwardFn backward) : name_(std::move(name)), backward_(std::move(backward)) {}
+  std::vector<Tensor> apply(Tensor grad_output) override;
+  std::string name() const override { return name_; }
+  void release() override { backward_ = nullptr; }
+
+ private:
+  std::string name_;
+  BackwardFn backward_;  // null once released
+};
+
+// The node at a leaf: adds the incoming gradient into leaf.grad, then runs the leaf's hooks.
+class AccumulateGrad : public Node {
+ public:
+  explicit AccumulateGrad(Tensor leaf) : leaf_(std::move(leaf)) {}
+  std::vector<Tensor> apply(Tensor grad_output) override;
+  std::string name() const override { return "AccumulateGrad"; }
+
+ private:
+  Tensor leaf_;
+};
+
+// The meta of t, created if missing.
+AutogradMeta& meta(const Tensor& t);
+// The node a gradient for t flows into: its grad_fn, its accumulator if it is a leaf that
+// requires grad, or null.
+std::shared_ptr<Node> gradient_edge(const Tensor& t);
+
+// Records `backward` as the grad_fn of `out` when grad mode is on and any input requires grad;
+// returns out. The backward receives d(loss)/d(out) and returns one gradient per input.
+// Tensors the backward needs should be captured through saved() so the graph holds no cycles.
+Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, BackwardFn backward);
+// A tensor to capture in a backward function: same data, no autograd history.
+inline Tensor saved(const Tensor& t) { return t.detach(); }
+
+// Runs backward from `root` with d(root)/d(root) = `gradient`.
+void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
+
+}  // namespace tandem::autograd

@@ -1,0 +1,128 @@
+#pragma once
+// The differentiable op API. Each op computes its forward through core kernels and, when an input
+// requires grad, records its backward (autograd/ops/*.cpp keep the two side by side).
+#include <cstdint>
+#include <vector>
+
+#include "tandem/core/tensor.h"
+
+namespace tandem {
+
+// ---- elementwise (NumPy broadcasting; operands share dtype and device) ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor sub(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor div(const Tensor& a, double b);
+Tensor maximum(const Tensor& a, const Tensor& b);  // ties split the gradient evenly
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& x, double exponent);
+Tensor neg(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+enum class GeluApproximate { none, tanh };  // none: the exact erf form (PyTorch's default)
+Tensor gelu(const Tensor& x, GeluApproximate approximate = GeluApproximate::none);
+Tensor clamp(const Tensor& x, double min, double max);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator+(double a, const Tensor& b);
+Tensor operator-(double a, const Tensor& b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator/(double a, const Tensor& b);
+Tensor operator-(const Tensor& x);
+
+// Comparisons give bool tensors and carry no gradient.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, double b);
+Tensor lt(const Tensor& a, double b);
+Tensor gt(const Tensor& a, double b);
+Tensor logical_not(const Tensor& x);
+
+// cond ? a : b (cond is bool; all three broadcast).
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, double b);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+// ---- reductions (empty dims: all of them) ----
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Largest / smallest values over dims; ties share the gradient evenly.
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+struct ValuesIndices {
+  Tensor values;   // differentiable
+  Tensor indices;  // i64
+};
+// Largest / smallest value along one dim and where it is (the first, on ties).
+ValuesIndices max(const Tensor& x, int64_t dim, bool keepdim = false);
+ValuesIndices min(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x);  // over all elements, as a flat index
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
+// Variance with Bessel's correction by default (correction = 1), like torch.var.
+Tensor var(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+
+enum class Reduction { mean, sum, none };
+struct CrossEntropyOptions {
+  Reduction reduction = Reduction::mean;
+  int64_t ignore_index = -100;  // rows with this target add nothing (and are not counted in the mean)
+  double label_smoothing = 0.0;
+};
+// Log-softmax and negative log-likelihood in one op: logits (N, C), target (N,) class indices.
+// Half-precision logits give an f32 loss.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options = {});
+
+// ---- matrix product (NumPy matmul: 1-D operands promoted, batch dims broadcast) ----
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// ---- shape and views ----
+Tensor reshape(const Tensor& x, const Shape& shape);  // a view when possible, else a copy
+Tensor view(const Tensor& x, const Shape& shape);     // always a view; throws when impossible
+Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
+Tensor permute(const Tensor& x, const std::vector<int64_t>& order);
+Tensor t(const Tensor& x);  // transpose of a 2-D tensor
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+// Elements start, start+step, ... below end along dim (negative start/end count from the end).
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+Tensor squeeze(const Tensor& x, int64_t dim);
+Tensor squeeze(const Tensor& x);
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+Tensor expand(const Tensor& x, const Shape& shape);
+Tensor contiguous(const Tensor& x);
+Tensor clone(const Tensor& x);
+Tensor to(const Tensor& x, DType dtype);
+Tensor to(const Tensor& x, Device device);
+
+// ---- joining and indexing ----
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+
+}  // namespace tandem

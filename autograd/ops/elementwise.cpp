@@ -1,0 +1,223 @@
+// Elementwise ops and their gradients. Broadcast inputs get their gradient summed back to their
+// own shape (kernels::sum_to).
+#include "tandem/autograd/node.h"
+#include "tandem/autograd/ops.h"
+#include "tandem/core/kernels.h"
+
+namespace tandem {
+
+using autograd::record;
+using autograd::saved;
+
+namespace {
+Tensor scalar_like(const Tensor& x, double value) { return scalar_tensor(value, x.options()); }
+Tensor zeros_scalar(const Tensor& x) { return scalar_like(x, 0.0); }
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::binary(BinaryOp::add, a, b);
+  return record(out, "add", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::sum_to(g, sa), kernels::sum_to(g, sb)};
+  });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::binary(BinaryOp::sub, a, b);
+  return record(out, "sub", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::sum_to(g, sa), kernels::sum_to(neg(g), sb)};
+  });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::binary(BinaryOp::mul, a, b);
+  bool need_a = a.requires_grad(), need_b = b.requires_grad();
+  // Save each operand only if the other one needs its gradient.
+  return record(out, "mul", {a, b},
+                [sa = need_b ? saved(a) : Tensor(), sb = need_a ? saved(b) : Tensor(), shape_a = a.shape(),
+                 shape_b = b.shape()](const Tensor& g) -> std::vector<Tensor> {
+                  return {sb.defined() ? kernels::sum_to(mul(g, sb), shape_a) : Tensor(),
+                          sa.defined() ? kernels::sum_to(mul(g, sa), shape_b) : Tensor()};
+                });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::binary(BinaryOp::div, a, b);
+  return record(out, "div", {a, b}, [sa = saved(a), sb = saved(b)](const Tensor& g) -> std::vector<Tensor> {
+    Tensor ga = div(g, sb);
+    Tensor gb = neg(mul(ga, div(sa, sb)));  // -g * a / b^2
+    return {kernels::sum_to(ga, sa.shape()), kernels::sum_to(gb, sb.shape())};
+  });
+}
+
+Tensor add(const Tensor& a, double b) { return add(a, scalar_like(a, b)); }
+Tensor sub(const Tensor& a, double b) { return sub(a, scalar_like(a, b)); }
+Tensor mul(const Tensor& a, double b) {
+  Tensor out = kernels::unary(UnaryOp::scale, a, b);
+  return record(out, "mul", {a}, [b](const Tensor& g) -> std::vector<Tensor> { return {mul(g, b)}; });
+}
+Tensor div(const Tensor& a, double b) { return mul(a, 1.0 / b); }
+
+namespace {
+// Gradient routing of maximum/minimum: all of g to the winner, half to each on a tie.
+std::vector<Tensor> pick_backward(const Tensor& g, const Tensor& a, const Tensor& b, BinaryOp wins) {
+  Tensor a_wins = kernels::binary(wins, a, b);
+  Tensor tie = kernels::binary(BinaryOp::eq, a, b);
+  Tensor half = mul(g, 0.5);
+  Tensor zero = zeros_scalar(g);
+  Tensor ga = kernels::where(a_wins, g, kernels::where(tie, half, zero));
+  Tensor gb = kernels::where(a_wins, zero, kernels::where(tie, half, g));
+  return {kernels::sum_to(ga, a.shape()), kernels::sum_to(gb, b.shape())};
+}
+}  // namespace
+
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::binary(BinaryOp::maximum, a, b);
+  return record(out, "maximum", {a, b}, [sa = saved(a), sb = saved(b)](const Tensor& g) {
+    return pick_backward(g, sa, sb, BinaryOp::gt);
+  });
+}
+
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::binary(BinaryOp::minimum, a, b);
+  return record(out, "minimum", {a, b}, [sa = saved(a), sb = saved(b)](const Tensor& g) {
+    return pick_backward(g, sa, sb, BinaryOp::lt);
+  });
+}
+
+Tensor pow(const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::binary(BinaryOp::pow, a, b);
+  return record(out, "pow", {a, b}, [sa = saved(a), sb = saved(b), so = saved(out)](const Tensor& g) -> std::vector<Tensor> {
+    Tensor ga = mul(g, mul(sb, pow(sa, sub(sb, 1.0))));  // g * b * a^(b-1)
+    Tensor gb = mul(g, mul(so, log(sa)));                 // g * a^b * ln a
+    return {kernels::sum_to(ga, sa.shape()), kernels::sum_to(gb, sb.shape())};
+  });
+}
+
+Tensor pow(const Tensor& x, double exponent) {
+  Tensor out = kernels::unary(UnaryOp::pow_scalar, x, exponent);
+  return record(out, "pow", {x}, [sx = saved(x), exponent](const Tensor& g) -> std::vector<Tensor> {
+    if (exponent == 0.0) return {zeros_like(g)};
+    return {mul(g, mul(pow(sx, exponent - 1.0), exponent))};
+  });
+}
+
+Tensor neg(const Tensor& x) {
+  Tensor out = kernels::unary(UnaryOp::neg, x);
+  return record(out, "neg", {x}, [](const Tensor& g) -> std::vector<Tensor> { return {neg(g)}; });
+}
+
+Tensor abs(const Tensor& x) {
+  Tensor out = kernels::unary(UnaryOp::abs, x);
+  return record(out, "abs", {x}, [sx = saved(x)](const Tensor& g) -> std::vector<Tensor> {
+    return {mul(g, kernels::unary(UnaryOp::sign, sx))};
+  });
+}
+
+Tensor exp(const Tensor& x) {
+  Tensor out = kernels::unary(UnaryOp::exp, x);
+  return record(out, "exp", {x}, [so = saved(out)](const Tensor& g) -> std::vector<Tensor> { return {mul(g, so)}; });
+}
+
+Tensor log(const Tensor& x) {
+  Tensor out = kernels::unary(UnaryOp::log, x);
+  return record(out, "log", {x}, [sx = saved(x)](const Tensor& g) -> std::vector<Tensor> { return {div(g, sx)}; });
+}
+
+Tensor sqrt(const Tensor& x) {
+  Tensor out = kernels::unary(UnaryOp::sqrt, x);
+  return record(out, "sqrt", {x}, [so = saved(out)](const Tensor& g) -> std::vector<Tensor> {
+    return {div(mul(g, 0.5), so)};
+  });
+}
+
+Tensor rsqrt(const Tensor& x) {
+  Tensor out = kernels::unary(UnaryOp::rsqrt, x);
+  return record(out, "rsqrt", {x}, [so = saved(out)](const Tensor& g) -> std::vector<Tensor> {
+    return {mul(g, mul(pow(so, 3.0), -0.5))};  // d x^-1/2 = -1/2 x^-3/2
+  });
+}
+
+Tensor tanh(const Tensor& x) {
+  Tensor out = kernels::unary(UnaryOp::tanh, x);
+  return record(out, "tanh", {x}, [so = saved(out)](const Tensor& g) -> std::vector<Tensor> {
+    return {mul(g, sub(scalar_like(so, 1.0), mul(so, so)))};
+  });
+}
+
+Tensor sigmoid(const Tensor& x) {
+  Tensor out = kernels::unary(UnaryOp::sigmoid, x);
+  return record(out, "sigmoid", {x}, [so = saved(out)](const Tensor& g) -> std::vector<Tensor> {
+    return {mul(g, mul(so, sub(scalar_like(so, 1.0), so)))};
+  });
+}
+
+Tensor relu(const Tensor& x) {
+  Tensor out = kernels::unary(UnaryOp::relu, x);
+  return record(out, "relu", {x}, [sx = saved(x)](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::binary(BinaryOp::relu_backward, g, sx)};
+  });
+}
+
+Tensor gelu(const Tensor& x, GeluApproximate approximate) {
+  bool tanh_form = approximate == GeluApproximate::tanh;
+  Tensor out = kernels::unary(tanh_form ? UnaryOp::gelu_tanh : UnaryOp::gelu_erf, x);
+  return record(out, "gelu", {x}, [sx = saved(x), tanh_form](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::binary(tanh_form ? BinaryOp::gelu_tanh_backward : BinaryOp::gelu_erf_backward, g, sx)};
+  });
+}
+
+Tensor clamp(const Tensor& x, double min, double max) {
+  TANDEM_CHECK_AS(ValueError, min <= max, "clamp: min ", min, " must not exceed max ", max);
+  Tensor out = kernels::unary(UnaryOp::clamp, x, min, max);
+  return record(out, "clamp", {x}, [sx = saved(x), min, max](const Tensor& g) -> std::vector<Tensor> {
+    // The gradient passes where x lies inside [min, max], boundaries included. x < min and
+    // x > max are never both true, so != of the two is their "or".
+    Tensor outside = kernels::binary(BinaryOp::ne, kernels::binary(BinaryOp::lt, sx, scalar_like(sx, min)),
+                                     kernels::binary(BinaryOp::gt, sx, scalar_like(sx, max)));
+    return {kernels::where(outside, zeros_scalar(g), g)};
+  });
+}
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator+(const Tensor& a, double b) { return add(a, b); }
+Tensor operator-(const Tensor& a, double b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, double b) { return div(a, b); }
+Tensor operator+(double a, const Tensor& b) { return add(b, a); }
+Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
+Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
+Tensor operator/(double a, const Tensor& b) { return div(scalar_like(b, a), b); }
+Tensor operator-(const Tensor& x) { return neg(x); }
+
+Tensor eq(const Tensor& a, const Tensor& b) { return kernels::binary(BinaryOp::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return kernels::binary(BinaryOp::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return kernels::binary(BinaryOp::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return kernels::binary(BinaryOp::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return kernels::binary(BinaryOp::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return kernels::binary(BinaryOp::ge, a, b); }
+Tensor eq(const Tensor& a, double b) { return eq(a, scalar_like(a, b)); }
+Tensor lt(const Tensor& a, double b) { return lt(a, scalar_like(a, b)); }
+Tensor gt(const Tensor& a, double b) { return gt(a, scalar_like(a, b)); }
+Tensor logical_not(const Tensor& x) { return kernels::unary(UnaryOp::logical_not, x); }
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::where(cond, a, b);
+  return record(out, "where", {a, b}, [c = saved(cond), sa = a.shape(), sb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
+    Tensor zero = zeros_scalar(g);
+    return {kernels::sum_to(kernels::where(c, g, zero), sa), kernels::sum_to(kernels::where(c, zero, g), sb)};
+  });
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, double b) { return where(cond, a, scalar_like(a, b)); }
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  Tensor out = where(mask, scalar_like(x, value), x);
+  TANDEM_CHECK_AS(ValueError, out.shape() == x.shape(), "masked_fill: mask shape ", shape_str(mask.shape()),
+                  " must broadcast to the tensor's ", shape_str(x.shape()), " without growing it");
+  return out;
+}
+
+}  // namespace tandem

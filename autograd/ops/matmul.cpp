@@ -1,0 +1,37 @@
+// Matrix product and its gradient: dA = dC @ B^T, dB = A^T @ dC, with 1-D operands promoted
+// and broadcast batch dims summed back.
+#include "tandem/autograd/node.h"
+#include "tandem/autograd/ops.h"
+#include "tandem/core/kernels.h"
+#include "tandem/core/views.h"
+
+namespace tandem {
+
+using autograd::record;
+using autograd::saved;
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::matmul(a, b);
+  bool need_a = a.requires_grad(), need_b = b.requires_grad();
+  return record(out, "matmul", {a, b},
+                [sa = saved(a), sb = saved(b), need_a, need_b](const Tensor& g) -> std::vector<Tensor> {
+                  // Work on the promoted operands: a (..., M, K), b (..., K, N), g (..., M, N).
+                  Tensor a2 = sa.dim() == 1 ? views::unsqueeze(sa, 0) : sa;
+                  Tensor b2 = sb.dim() == 1 ? views::unsqueeze(sb, 1) : sb;
+                  Tensor g2 = g;
+                  if (sa.dim() == 1) g2 = views::unsqueeze(g2, g2.dim() - (sb.dim() == 1 ? 0 : 1));
+                  if (sb.dim() == 1) g2 = views::unsqueeze(g2, g2.dim());
+                  Tensor ga, gb;
+                  if (need_a) {
+                    ga = kernels::matmul(g2, views::transpose(b2, -1, -2));
+                    ga = views::reshape(kernels::sum_to(ga, a2.shape()), sa.shape());
+                  }
+                  if (need_b) {
+                    gb = kernels::matmul(views::transpose(a2, -1, -2), g2);
+                    gb = views::reshape(kernels::sum_to(gb, b2.shape()), sb.shape());
+                  }
+                  return {ga, gb};
+                });
+}
+
+}  // namespace tandem

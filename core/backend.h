@@ -1,0 +1,67 @@
+#pragma once
+// The functions every device backend implements, declared once for both: core/cpu/ implements
+// namespace cpu, core/cuda/ (or the no-CUDA stubs in core/no_cuda/) implements namespace cuda.
+// Callers are the device-neutral kernels in core/kernels.cpp, which check arguments and allocate
+// outputs first: backends receive outputs of the right shape and dtype on the right device.
+#include <cstddef>
+#include <cstdint>
+
+#include "tandem/core/kernels.h"
+
+namespace tandem {
+
+#define TANDEM_BACKEND_KERNELS                                                                      \
+  /* x is already expanded to out's shape; out is contiguous */                                    \
+  void unary(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double beta);            \
+  /* a, b are expanded to out's shape; out is contiguous */                                        \
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);                    \
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);              \
+  /* any strides, dtypes may differ, same shape and device */                                      \
+  void copy(const Tensor& src, const Tensor& dst);                                                  \
+  void fill(const Tensor& dst, double value);                                                       \
+  /* x (outer, reduced, inner) contiguous; out (outer, inner) contiguous */                        \
+  void reduce(ReduceOp op, const Tensor& x, const Tensor& out);                                     \
+  /* x, out (outer, n, inner) contiguous; softmax along the middle dim */                          \
+  void softmax(const Tensor& x, const Tensor& out, bool log);                                       \
+  void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& out, bool log);          \
+  /* logits (N, C) contiguous, target (N,) i64; losses, lse (N,) */                                \
+  void cross_entropy_forward(const Tensor& logits, const Tensor& target, const Tensor& losses,      \
+                             const Tensor& lse, int64_t ignore_index, double smoothing);           \
+  void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,        \
+                              const Tensor& row_grad, const Tensor& out, int64_t ignore_index,      \
+                              double smoothing);                                                    \
+  /* a (B, M, K), b (B, K, N) with any strides (batch stride 0 when broadcast); out (B, M, N) */   \
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out);                                 \
+  /* x, out (outer, n, inner) contiguous; index (k,) i64 contiguous; out (outer, k, inner) */     \
+  void index_select(const Tensor& x, const Tensor& index, const Tensor& out);                       \
+  /* out (outer, n, inner) += src (outer, k, inner) at rows index (k,) */                          \
+  void index_add(const Tensor& out, const Tensor& index, const Tensor& src);                        \
+  /* x (outer, n, inner), index/out (outer, k, inner), all contiguous, index i64 */               \
+  void gather(const Tensor& x, const Tensor& index, const Tensor& out);                             \
+  void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src);                      \
+  void random(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double p1,        \
+              double p2);                                                                           \
+  /* dst += alpha * src, same shape, dst contiguous */                                             \
+  void add_inplace(const Tensor& dst, const Tensor& src, double alpha);
+
+namespace cpu {
+TANDEM_BACKEND_KERNELS
+}  // namespace cpu
+
+namespace cuda {
+TANDEM_BACKEND_KERNELS
+
+// Device management, implemented by core/cuda/ (or throwing "built without CUDA").
+bool is_built();            // this build has the CUDA backend
+int device_count();         // 0 when built without CUDA or no GPU is visible
+void* device_allocate(size_t nbytes, int device);
+void device_free(void* ptr, int device);
+void copy_host_to_device(void* dst, const void* src, size_t nbytes, int device);
+void copy_device_to_host(void* dst, const void* src, size_t nbytes, int device);
+void copy_device_to_device(void* dst, int dst_device, const void* src, int src_device, size_t nbytes);
+void synchronize(int device);
+}  // namespace cuda
+
+#undef TANDEM_BACKEND_KERNELS
+
+}  // namespace tandem

@@ -1,0 +1,46 @@
+// The CUDA backend of a build without CUDA: device management reports no devices and every
+// kernel raises a DeviceError that says how to get a CUDA build.
+#include "tandem/core/backend.h"
+
+namespace tandem::cuda {
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  TANDEM_THROW(DeviceError, what,
+               ": tandem was built without CUDA (reconfigure with -DTANDEM_WITH_CUDA=ON on a machine with nvcc)");
+}
+}  // namespace
+
+bool is_built() { return false; }
+int device_count() { return 0; }
+void* device_allocate(size_t, int) { no_cuda("allocating cuda memory"); }
+void device_free(void*, int) {}
+void copy_host_to_device(void*, const void*, size_t, int) { no_cuda("copy to cuda"); }
+void copy_device_to_host(void*, const void*, size_t, int) { no_cuda("copy from cuda"); }
+void copy_device_to_device(void*, int, const void*, int, size_t) { no_cuda("copy between cuda devices"); }
+void synchronize(int) { no_cuda("synchronize"); }
+
+void unary(UnaryOp op, const Tensor&, const Tensor&, double, double) { no_cuda(unary_op_name(op)); }
+void binary(BinaryOp op, const Tensor&, const Tensor&, const Tensor&) { no_cuda(binary_op_name(op)); }
+void where(const Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda("where"); }
+void copy(const Tensor&, const Tensor&) { no_cuda("copy"); }
+void fill(const Tensor&, double) { no_cuda("fill"); }
+void reduce(ReduceOp op, const Tensor&, const Tensor&) { no_cuda(reduce_op_name(op)); }
+void softmax(const Tensor&, const Tensor&, bool) { no_cuda("softmax"); }
+void softmax_backward(const Tensor&, const Tensor&, const Tensor&, bool) { no_cuda("softmax_backward"); }
+void cross_entropy_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, double) {
+  no_cuda("cross_entropy");
+}
+void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                            double) {
+  no_cuda("cross_entropy_backward");
+}
+void matmul(const Tensor&, const Tensor&, const Tensor&) { no_cuda("matmul"); }
+void index_select(const Tensor&, const Tensor&, const Tensor&) { no_cuda("index_select"); }
+void index_add(const Tensor&, const Tensor&, const Tensor&) { no_cuda("index_add"); }
+void gather(const Tensor&, const Tensor&, const Tensor&) { no_cuda("gather"); }
+void scatter_add(const Tensor&, const Tensor&, const Tensor&) { no_cuda("scatter_add"); }
+void random(const Tensor&, RandomKind, uint64_t, uint64_t, double, double) { no_cuda("random"); }
+void add_inplace(const Tensor&, const Tensor&, double) { no_cuda("add_"); }
+
+}  // namespace tandem::cuda

@@ -1,0 +1,141 @@
+#include "tandem/core/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tandem/core/kernels.h"
+
+namespace tandem {
+
+namespace {
+bool layout_is_contiguous(const Shape& shape, const Strides& strides) {
+  int64_t expected = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] == 1) continue;  // the stride of a size-1 dim never matters
+    if (strides[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
+}
+}  // namespace
+
+Tensor::Tensor(Storage storage, Shape shape, Strides strides, int64_t offset, DType dtype) {
+  TANDEM_CHECK_AS(ValueError, shape.size() == strides.size(), "tensor: shape ", shape_str(shape), " and strides ",
+                  shape_str(strides), " have different lengths");
+  TANDEM_CHECK_AS(ValueError, offset >= 0, "tensor: negative storage offset ", offset);
+  int64_t numel = 1;
+  int64_t last = offset;  // the furthest element the layout reaches
+  for (size_t i = 0; i < shape.size(); ++i) {
+    TANDEM_CHECK_AS(ValueError, shape[i] >= 0, "tensor: negative size in shape ", shape_str(shape));
+    TANDEM_CHECK_AS(ValueError, strides[i] >= 0, "tensor: negative stride in strides ", shape_str(strides));
+    numel *= shape[i];
+    if (shape[i] > 0) last += (shape[i] - 1) * strides[i];
+  }
+  if (numel > 0) {
+    size_t needed = static_cast<size_t>(last + 1) * dtype_size(dtype);
+    TANDEM_CHECK_AS(ValueError, needed <= storage.nbytes(), "tensor: layout with shape ", shape_str(shape),
+                    ", strides ", shape_str(strides), " and offset ", offset, " needs ", needed,
+                    " bytes but the storage holds ", storage.nbytes());
+  }
+  impl_ = std::make_shared<Impl>();
+  impl_->storage = std::move(storage);
+  impl_->contiguous = layout_is_contiguous(shape, strides);
+  impl_->shape = std::move(shape);
+  impl_->strides = std::move(strides);
+  impl_->offset = offset;
+  impl_->numel = numel;
+  impl_->dtype = dtype;
+}
+
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+
+void* Tensor::data_ptr() const {
+  return static_cast<char*>(storage().data()) + offset() * static_cast<int64_t>(element_size());
+}
+
+Tensor Tensor::as_strided(Shape shape, Strides strides, int64_t offset) const {
+  return Tensor(storage(), std::move(shape), std::move(strides), offset, dtype());
+}
+
+std::vector<double> Tensor::to_double_vector() const {
+  Tensor host = kernels::contiguous(kernels::to_dtype(kernels::to_device(*this, Device()), DType::f64));
+  const double* p = host.data<double>();
+  return std::vector<double>(p, p + host.numel());
+}
+
+double Tensor::item_double() const {
+  TANDEM_CHECK_AS(ValueError, numel() == 1, "item(): the tensor has ", numel(), " elements (shape ",
+                  shape_str(shape()), "), expected exactly one");
+  return to_double_vector()[0];
+}
+
+// ---- factories ----
+
+Tensor empty(const Shape& shape, TensorOptions options) {
+  int64_t n = shape_numel(shape);
+  for (int64_t s : shape) {
+    TANDEM_CHECK_AS(ValueError, s >= 0, "empty: negative size in shape ", shape_str(shape));
+  }
+  Storage storage = Storage::allocate(static_cast<size_t>(n) * dtype_size(options.dtype), options.device);
+  return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, options.dtype);
+}
+
+Tensor full(const Shape& shape, double value, TensorOptions options) {
+  Tensor t = empty(shape, options);
+  kernels::fill_(t, value);
+  return t;
+}
+
+Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
+Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
+Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
+
+Tensor arange(double start, double end, double step, TensorOptions options) {
+  TANDEM_CHECK_AS(ValueError, step != 0.0, "arange: step must be non-zero");
+  TANDEM_CHECK_AS(ValueError, (end - start) / step >= 0, "arange: the range [", start, ", ", end,
+                  ") cannot be walked with step ", step);
+  auto n = static_cast<int64_t>(std::ceil((end - start) / step));
+  std::vector<double> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[i] = start + static_cast<double>(i) * step;
+  return from_vector(values, Shape{n}, options);
+}
+
+Tensor arange(int64_t end, TensorOptions options) { return arange(0.0, static_cast<double>(end), 1.0, options); }
+
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions options) {
+  Shape s = shape.empty() ? Shape{static_cast<int64_t>(values.size())} : shape;
+  TANDEM_CHECK_AS(ValueError, shape_numel(s) == static_cast<int64_t>(values.size()), "from_vector: ",
+                  values.size(), " values do not fill shape ", shape_str(s), " (", shape_numel(s),
+                  " elements)");
+  Storage storage = Storage::allocate(values.size() * sizeof(double), Device());
+  std::copy(values.begin(), values.end(), static_cast<double*>(storage.data()));
+  Tensor host(std::move(storage), s, contiguous_strides(s), 0, DType::f64);
+  return kernels::to_device(kernels::to_dtype(host, options.dtype), options.device);
+}
+
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, TensorOptions options) {
+  return from_vector(std::vector<double>(values.begin(), values.end()), shape, options);
+}
+
+Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, TensorOptions options) {
+  // Through i64 on the host so that large integers survive exactly.
+  Shape s = shape.empty() ? Shape{static_cast<int64_t>(values.size())} : shape;
+  TANDEM_CHECK_AS(ValueError, shape_numel(s) == static_cast<int64_t>(values.size()), "from_vector: ",
+                  values.size(), " values do not fill shape ", shape_str(s));
+  Storage storage = Storage::allocate(values.size() * sizeof(int64_t), Device());
+  std::copy(values.begin(), values.end(), static_cast<int64_t*>(storage.data()));
+  Tensor host(std::move(storage), s, contiguous_strides(s), 0, DType::i64);
+  return kernels::to_device(kernels::to_dtype(host, options.dtype), options.device);
+}
+
+Tensor tensor(std::initializer_list<double> values, TensorOptions options) {
+  return from_vector(std::vector<double>(values), {}, options);
+}
+
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.options()); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.options()); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.options()); }
+Tensor full_like(const Tensor& t, double value) { return full(t.shape(), value, t.options()); }
+
+}  // namespace tandem

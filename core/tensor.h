@@ -1,0 +1,137 @@
+#pragma once
+// Tensor: a cheap value handle to shared metadata (sizes, strides, offset, dtype, device) and a
+// reference-counted Storage. Copying a Tensor shares everything; views share the storage.
+//
+// Core knows nothing of autograd beyond an opaque pointer: the autograd accessors declared at the
+// bottom (requires_grad, grad, backward, ...) are defined in autograd/, so no kernel touches them.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <vector>
+
+#include "tandem/core/device.h"
+#include "tandem/core/dtype.h"
+#include "tandem/core/error.h"
+#include "tandem/core/shape.h"
+#include "tandem/core/storage.h"
+
+namespace tandem {
+
+namespace autograd {
+struct AutogradMeta;
+}
+
+struct TensorOptions {
+  DType dtype = DType::f32;
+  Device device;
+  TensorOptions() = default;
+  TensorOptions(DType d) : dtype(d) {}                 // NOLINT: lets f(shape, DType::f64) read well
+  TensorOptions(Device dev) : device(dev) {}           // NOLINT
+  TensorOptions(DType d, Device dev) : dtype(d), device(dev) {}
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: holds nothing
+  // A tensor over `storage` with the given layout. Throws if the layout reaches past the storage.
+  Tensor(Storage storage, Shape shape, Strides strides, int64_t offset, DType dtype);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl().shape; }
+  const Strides& strides() const { return impl().strides; }
+  int64_t dim() const { return static_cast<int64_t>(impl().shape.size()); }
+  int64_t size(int64_t d) const;    // negative d counts from the end
+  int64_t stride(int64_t d) const;
+  int64_t offset() const { return impl().offset; }  // in elements, into the storage
+  int64_t numel() const { return impl().numel; }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage.device(); }
+  size_t element_size() const { return dtype_size(dtype()); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
+  bool is_contiguous() const { return impl().contiguous; }  // row-major, no gaps (cached)
+  const Storage& storage() const { return impl().storage; }
+  TensorOptions options() const { return TensorOptions(dtype(), device()); }
+
+  // Address of the first element. data<T>() checks that T matches the dtype.
+  void* data_ptr() const;
+  template <typename T>
+  T* data() const {
+    TANDEM_CHECK_AS(TypeError, DTypeOf<T>::value == dtype(), "data<", dtype_name(DTypeOf<T>::value),
+                    ">(): the tensor holds ", dtype_name(dtype()));
+    return static_cast<T*>(data_ptr());
+  }
+
+  // A view of the same storage with another layout (no copy, no autograd).
+  Tensor as_strided(Shape shape, Strides strides, int64_t offset) const;
+  // True when both handles point at the same metadata.
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+  long use_count() const { return impl_.use_count(); }
+
+  // The single value of a one-element tensor, converted to T (copies from the device if needed).
+  template <typename T = double>
+  T item() const {
+    return static_cast<T>(item_double());
+  }
+  // All values in row-major order, converted to T (copies from the device if needed).
+  template <typename T>
+  std::vector<T> to_vector() const {
+    std::vector<double> values = to_double_vector();
+    return std::vector<T>(values.begin(), values.end());
+  }
+  std::vector<double> to_double_vector() const;
+  double item_double() const;
+
+  // ---- autograd (defined in autograd/tensor_autograd.cpp) ----
+  bool requires_grad() const;
+  Tensor& requires_grad_(bool requires = true);  // only on leaves
+  bool is_leaf() const;                           // no grad_fn: created by the user, not an op
+  Tensor grad() const;                            // undefined until backward reaches this leaf
+  void set_grad(const Tensor& grad) const;        // replace .grad (undefined clears it)
+  // Runs backward from this tensor. A scalar may omit `gradient` (it defaults to 1).
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  Tensor detach() const;  // shares storage, no history, requires_grad false
+  // Called with the leaf after each accumulation into its .grad (what DDP listens to).
+  void register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook);
+  std::shared_ptr<autograd::AutogradMeta>& autograd_meta() const { return impl().autograd; }
+
+ private:
+  struct Impl {
+    Storage storage;
+    Shape shape;              // sizes per dim
+    Strides strides;          // elements per step in each dim
+    int64_t offset = 0;       // elements from the start of storage
+    int64_t numel = 0;
+    DType dtype = DType::f32;
+    bool contiguous = true;
+    mutable std::shared_ptr<autograd::AutogradMeta> autograd;  // null until autograd needs it
+  };
+  Impl& impl() const {
+    TANDEM_CHECK_AS(ValueError, impl_ != nullptr, "use of an undefined tensor (default-constructed or moved-from)");
+    return *impl_;
+  }
+  std::shared_ptr<Impl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& out, const Tensor& t);
+
+// ---- factories (no autograd history; call requires_grad_() on the result for a parameter) ----
+Tensor empty(const Shape& shape, TensorOptions options = {});
+Tensor zeros(const Shape& shape, TensorOptions options = {});
+Tensor ones(const Shape& shape, TensorOptions options = {});
+Tensor full(const Shape& shape, double value, TensorOptions options = {});
+Tensor arange(double start, double end, double step = 1.0, TensorOptions options = {});
+Tensor arange(int64_t end, TensorOptions options = DType::i64);
+Tensor scalar_tensor(double value, TensorOptions options = {});  // 0-dim
+// Values in row-major order; shape defaults to 1-D.
+Tensor from_vector(const std::vector<double>& values, const Shape& shape = {}, TensorOptions options = {});
+Tensor from_vector(const std::vector<float>& values, const Shape& shape = {}, TensorOptions options = {});
+Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape = {},
+                   TensorOptions options = DType::i64);
+Tensor tensor(std::initializer_list<double> values, TensorOptions options = {});
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, double value);
+
+}  // namespace tandem
