@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tandem/core/cuda_api.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem {
@@ -51,15 +52,13 @@ TANDEM_BACKEND_KERNELS
 namespace cuda {
 TANDEM_BACKEND_KERNELS
 
-// Device management, implemented by core/cuda/ (or throwing "built without CUDA").
-bool is_built();            // this build has the CUDA backend
-int device_count();         // 0 when built without CUDA or no GPU is visible
+// Device memory and copies, implemented by core/cuda/ (or throwing "built without CUDA").
+// Allocations come from the caching allocator on the device's current stream.
 void* device_allocate(size_t nbytes, int device);
 void device_free(void* ptr, int device);
 void copy_host_to_device(void* dst, const void* src, size_t nbytes, int device);
 void copy_device_to_host(void* dst, const void* src, size_t nbytes, int device);
 void copy_device_to_device(void* dst, int dst_device, const void* src, int src_device, size_t nbytes);
-void synchronize(int device);
 }  // namespace cuda
 
 #undef TANDEM_BACKEND_KERNELS

@@ -77,4 +77,26 @@ Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, bool k
   return out;
 }
 
+CollapsedDims collapse_dims(const Shape& shape, const std::vector<Strides>& strides) {
+  CollapsedDims out;
+  out.strides.resize(strides.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !out.sizes.empty();
+    for (size_t k = 0; k < strides.size() && merge; ++k) merge = out.strides[k].back() == strides[k][d] * shape[d];
+    if (merge) {
+      out.sizes.back() *= shape[d];
+      for (size_t k = 0; k < strides.size(); ++k) out.strides[k].back() = strides[k][d];
+    } else {
+      out.sizes.push_back(shape[d]);
+      for (size_t k = 0; k < strides.size(); ++k) out.strides[k].push_back(strides[k][d]);
+    }
+  }
+  if (out.sizes.empty()) {  // a single element
+    out.sizes.push_back(1);
+    for (auto& s : out.strides) s.push_back(0);
+  }
+  return out;
+}
+
 }  // namespace tandem

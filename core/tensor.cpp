@@ -47,8 +47,17 @@ Tensor::Tensor(Storage storage, Shape shape, Strides strides, int64_t offset, DT
   impl_->dtype = dtype;
 }
 
-int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+namespace {
+// wrap_dim lets dim 0 and -1 through for a 0-dim tensor (reductions treat it as one element), but
+// there is no size or stride to return then.
+int64_t wrap_existing_dim(int64_t d, int64_t ndim, const char* op) {
+  TANDEM_CHECK_AS(IndexError, ndim > 0, op, ": dim ", d, " is out of range for a tensor of 0 dims (it has none)");
+  return wrap_dim(d, ndim, op);
+}
+}  // namespace
+
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_existing_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrap_existing_dim(d, dim(), "stride")]; }
 
 void* Tensor::data_ptr() const {
   return static_cast<char*>(storage().data()) + offset() * static_cast<int64_t>(element_size());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
 
 #include "tandem/core/kernels.h"
 
@@ -24,7 +25,10 @@ Tensor expand(const Tensor& x, const Shape& shape) {
   return x.as_strided(shape, strides, x.offset());
 }
 
-Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
+namespace {
+// infer_shape, with the input's shape (when known) named in the errors.
+Shape resolve_shape(const Shape& shape, int64_t numel, const Shape* from, const char* op) {
+  std::string tensor = from != nullptr ? detail::concat("the tensor of shape ", shape_str(*from)) : "the tensor";
   Shape out = shape;
   int64_t known = 1;
   int infer_at = -1;
@@ -39,13 +43,18 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
   }
   if (infer_at >= 0) {
     TANDEM_CHECK_AS(ValueError, known != 0 && numel % known == 0, op, ": cannot infer the -1 in ",
-                    shape_str(shape), " for ", numel, " elements");
+                    shape_str(shape), " for ", tensor, " (", numel, " elements)");
     out[infer_at] = numel / known;
     known *= out[infer_at];
   }
-  TANDEM_CHECK_AS(ValueError, known == numel, op, ": shape ", shape_str(shape), " has ", known,
-                  " elements but the tensor has ", numel);
+  TANDEM_CHECK_AS(ValueError, known == numel, op, ": shape ", shape_str(shape), " has ", known, " elements but ",
+                  tensor, " has ", numel);
   return out;
+}
+}  // namespace
+
+Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
+  return resolve_shape(shape, numel, nullptr, op);
 }
 
 namespace {
@@ -81,7 +90,7 @@ std::optional<Strides> view_strides(const Shape& old_shape, const Strides& old_s
 }  // namespace
 
 Tensor view(const Tensor& x, const Shape& shape) {
-  Shape resolved = infer_shape(shape, x.numel(), "view");
+  Shape resolved = resolve_shape(shape, x.numel(), &x.shape(), "view");
   if (x.is_contiguous()) return x.as_strided(resolved, contiguous_strides(resolved), x.offset());
   std::optional<Strides> strides = view_strides(x.shape(), x.strides(), resolved);
   TANDEM_CHECK_AS(ValueError, strides.has_value(), "view: a tensor of shape ", shape_str(x.shape()),
@@ -91,7 +100,7 @@ Tensor view(const Tensor& x, const Shape& shape) {
 }
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
-  Shape resolved = infer_shape(shape, x.numel(), "reshape");
+  Shape resolved = resolve_shape(shape, x.numel(), &x.shape(), "reshape");
   if (x.is_contiguous()) return x.as_strided(resolved, contiguous_strides(resolved), x.offset());
   std::optional<Strides> strides = view_strides(x.shape(), x.strides(), resolved);
   if (strides) return x.as_strided(resolved, *strides, x.offset());
@@ -126,6 +135,7 @@ Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
 }
 
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
+  TANDEM_CHECK_AS(IndexError, x.dim() > 0, "narrow: cannot be applied to a 0-dim tensor");
   int64_t d = wrap_dim(dim, x.dim(), "narrow");
   int64_t size = x.shape()[d];
   if (start < 0) start += size;
@@ -139,6 +149,7 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
 
 Tensor squeeze(const Tensor& x, int64_t dim) {
   int64_t d = wrap_dim(dim, x.dim(), "squeeze");
+  if (x.dim() == 0) return x;  // dim 0 or -1 of a 0-dim tensor: nothing to remove, as in PyTorch
   TANDEM_CHECK_AS(ValueError, x.shape()[d] == 1, "squeeze: dim ", d, " has size ", x.shape()[d],
                   ", expected 1 (shape ", shape_str(x.shape()), ")");
   Shape shape = x.shape();

@@ -1,6 +1,8 @@
 // CPU elementwise kernels: unary, binary, where, copy (with casts), fill, in-place add, random.
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cpu/loops.h"
@@ -181,9 +183,26 @@ void add_inplace(const Tensor& dst, const Tensor& src, double alpha) {
   });
 }
 
+namespace {
+// The largest finite value of T below the finite x.
+template <typename T>
+T next_below(T x) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    T r = x;
+    if ((x.bits & 0x7fffu) == 0) r.bits = 0x8001u;  // below zero: the negative value of least magnitude
+    else if (x.bits & 0x8000u) r.bits = static_cast<uint16_t>(x.bits + 1u);
+    else r.bits = static_cast<uint16_t>(x.bits - 1u);
+    return r;
+  } else {
+    return std::nextafter(x, -std::numeric_limits<T>::infinity());
+  }
+}
+}  // namespace
+
 void random(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2) {
   dispatch_floating(out.dtype(), "random", "cpu", [&](auto tag) {
     using T = decltype(tag);
+    using C = compute_t<T>;
     T* data = out.data<T>();
     int64_t n = out.numel();
     for (int64_t i = 0; i < n; ++i) {
@@ -194,7 +213,14 @@ void random(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, 
         case RandomKind::normal: v = p1 + p2 * philox::normal(seed, counter); break;
         case RandomKind::bernoulli: v = philox::uniform(seed, counter) < p1 ? 1.0 : 0.0; break;
       }
-      data[i] = T(static_cast<compute_t<T>>(v));
+      T r = T(static_cast<C>(v));
+      // A uniform draw just below `high` can round up to it in the output dtype (in f16 one draw
+      // in 4096 below 1.0 would); the next value down keeps the range half-open.
+      if (kind == RandomKind::uniform && p1 < p2 && !(static_cast<double>(static_cast<C>(r)) < p2)) {
+        r = next_below(r);
+        if (static_cast<double>(static_cast<C>(r)) < p1) r = T(static_cast<C>(p1));
+      }
+      data[i] = r;
     }
   });
 }

@@ -10,7 +10,7 @@ namespace {
 int64_t checked_index(const char* op, int64_t i, int64_t size) {
   int64_t wrapped = i < 0 ? i + size : i;  // negative indices count from the end, like PyTorch
   TANDEM_CHECK_AS(IndexError, wrapped >= 0 && wrapped < size, op, ": index ", i, " is out of range for a dim of size ",
-                  size);
+                  size, size > 0 ? detail::concat(" (expected ", -size, " to ", size - 1, ")") : " (the dim is empty)");
   return wrapped;
 }
 }  // namespace

@@ -16,28 +16,12 @@ struct StridedLoop {
   std::array<std::vector<int64_t>, N> steps;  // bytes per step in each merged dim
 
   StridedLoop(const Shape& shape, const std::array<const Tensor*, N>& operands) {
-    for (size_t d = 0; d < shape.size(); ++d) {
-      if (shape[d] == 1) continue;
-      bool merge = !sizes.empty();
-      for (size_t k = 0; k < N && merge; ++k) {
-        int64_t step = operands[k]->strides()[d] * static_cast<int64_t>(operands[k]->element_size());
-        merge = steps[k].back() == step * shape[d];
-      }
-      if (merge) {
-        sizes.back() *= shape[d];
-        for (size_t k = 0; k < N; ++k) {
-          steps[k].back() = operands[k]->strides()[d] * static_cast<int64_t>(operands[k]->element_size());
-        }
-      } else {
-        sizes.push_back(shape[d]);
-        for (size_t k = 0; k < N; ++k) {
-          steps[k].push_back(operands[k]->strides()[d] * static_cast<int64_t>(operands[k]->element_size()));
-        }
-      }
-    }
-    if (sizes.empty()) {  // a single element
-      sizes.push_back(1);
-      for (size_t k = 0; k < N; ++k) steps[k].push_back(0);
+    std::vector<Strides> strides;
+    for (const Tensor* t : operands) strides.push_back(t->strides());
+    CollapsedDims collapsed = collapse_dims(shape, strides);
+    sizes = collapsed.sizes;
+    for (size_t k = 0; k < N; ++k) {
+      for (int64_t s : collapsed.strides[k]) steps[k].push_back(s * static_cast<int64_t>(operands[k]->element_size()));
     }
   }
 

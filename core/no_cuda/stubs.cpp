@@ -13,12 +13,23 @@ namespace {
 
 bool is_built() { return false; }
 int device_count() { return 0; }
+bool is_available() { return false; }
+void synchronize(int) { no_cuda("synchronize"); }
+
+MemoryStats memory_stats(int) { no_cuda("memory_stats"); }
+size_t memory_allocated(int) { no_cuda("memory_allocated"); }
+size_t memory_reserved(int) { no_cuda("memory_reserved"); }
+size_t max_memory_allocated(int) { no_cuda("max_memory_allocated"); }
+void reset_peak_memory_stats(int) { no_cuda("reset_peak_memory_stats"); }
+void empty_cache(int) { no_cuda("empty_cache"); }
+void set_poison_allocations(bool) {}
+void set_matmul_precision(MatmulPrecision) {}
+MatmulPrecision matmul_precision() { return MatmulPrecision::highest; }
 void* device_allocate(size_t, int) { no_cuda("allocating cuda memory"); }
 void device_free(void*, int) {}
 void copy_host_to_device(void*, const void*, size_t, int) { no_cuda("copy to cuda"); }
 void copy_device_to_host(void*, const void*, size_t, int) { no_cuda("copy from cuda"); }
 void copy_device_to_device(void*, int, const void*, int, size_t) { no_cuda("copy between cuda devices"); }
-void synchronize(int) { no_cuda("synchronize"); }
 
 void unary(UnaryOp op, const Tensor&, const Tensor&, double, double) { no_cuda(unary_op_name(op)); }
 void binary(BinaryOp op, const Tensor&, const Tensor&, const Tensor&) { no_cuda(binary_op_name(op)); }

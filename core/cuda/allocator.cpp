@@ -1,0 +1,241 @@
+// The CUDA caching allocator. Freed blocks stay cached for reuse instead of going back to the
+// driver (cudaMalloc/cudaFree synchronise the device and are slow). Blocks are cached per
+// stream: a block freed by work on stream S is only handed out again for work on S, so stream
+// order alone makes the reuse safe. Small requests (<= 1 MiB) are carved from 2 MiB segments;
+// larger ones from segments of their own rounded size (20 MiB for 1-10 MiB requests); a block
+// bigger than a request is split and the rest stays cached; adjacent free blocks of a segment
+// merge again when freed.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/cuda/runtime.h"
+
+namespace tandem::cuda {
+
+namespace {
+constexpr size_t kMinBlock = 512;                 // every size is rounded up to this
+constexpr size_t kSmallRequest = 1 << 20;         // <= 1 MiB: the small pool
+constexpr size_t kSmallSegment = 2 << 20;         // segments of the small pool
+constexpr size_t kMediumRequest = 10 << 20;       // 1-10 MiB: 20 MiB segments
+constexpr size_t kMediumSegment = 20 << 20;
+constexpr size_t kLargeRounding = 2 << 20;        // larger requests round to 2 MiB
+constexpr size_t kMinLargeRemainder = 1 << 20;    // split a large block only if > 1 MiB is left
+
+bool poison_allocations = false;
+
+struct Block {
+  char* ptr = nullptr;
+  size_t size = 0;
+  cudaStream_t stream = nullptr;
+  bool small = false;         // belongs to the small pool
+  bool allocated = false;
+  Block* prev = nullptr;      // neighbours inside the same segment
+  Block* next = nullptr;
+};
+
+struct BlockOrder {  // by stream, then size, then address: lower_bound finds the best fit
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return reinterpret_cast<uintptr_t>(a->stream) < reinterpret_cast<uintptr_t>(b->stream);
+    if (a->size != b->size) return a->size < b->size;
+    return a->ptr < b->ptr;
+  }
+};
+
+std::string format_bytes(size_t n) {
+  std::ostringstream out;
+  if (n >= (size_t(1) << 30)) out << static_cast<double>(n) / (1 << 30) << " GiB";
+  else if (n >= (size_t(1) << 20)) out << static_cast<double>(n) / (1 << 20) << " MiB";
+  else out << n << " bytes";
+  return out.str();
+}
+
+class DeviceAllocator {
+ public:
+  explicit DeviceAllocator(int device) : device_(device) {}
+
+  void* allocate(size_t requested, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    size_t size = std::max(kMinBlock, (requested + kMinBlock - 1) / kMinBlock * kMinBlock);
+    bool small = size <= kSmallRequest;
+    auto& pool = small ? small_free_ : large_free_;
+    Block key;
+    key.stream = stream;
+    key.size = size;
+    Block* block = nullptr;
+    auto it = pool.lower_bound(&key);
+    if (it != pool.end() && (*it)->stream == stream) {
+      block = *it;
+      pool.erase(it);
+    } else {
+      block = new_segment(size, small, stream, requested);
+    }
+    split_if_worthwhile(block, size, pool);
+    block->allocated = true;
+    active_[block->ptr] = block;
+    stats_.allocated += block->size;
+    stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+    if (poison_allocations) TANDEM_CUDA_CHECK(cudaMemsetAsync(block->ptr, 0xFF, block->size, stream));
+    return block->ptr;
+  }
+
+  void free(void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = active_.find(ptr);
+    if (it == active_.end()) return;  // not ours; never throw from a deleter
+    Block* block = it->second;
+    active_.erase(it);
+    block->allocated = false;
+    stats_.allocated -= block->size;
+    auto& pool = block->small ? small_free_ : large_free_;
+    block = merge(block, block->prev, pool);
+    block = merge(block, block->next, pool);
+    pool.insert(block);
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    release_free_segments();
+  }
+
+  MemoryStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_allocated = stats_.allocated;
+  }
+
+ private:
+  Block* new_segment(size_t size, bool small, cudaStream_t stream, size_t requested) {
+    size_t segment = small ? kSmallSegment
+                           : (size <= kMediumRequest ? kMediumSegment
+                                                     : (size + kLargeRounding - 1) / kLargeRounding * kLargeRounding);
+    DeviceGuard guard(device_);
+    void* ptr = nullptr;
+    cudaError_t status = cudaMalloc(&ptr, segment);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();     // clear the error so the retry and later calls start clean
+      release_free_segments();  // give the cache back and try once more
+      status = cudaMalloc(&ptr, segment);
+    }
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      ++stats_.num_ooms;
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      TANDEM_THROW(OutOfMemoryError, "cuda:", device_, ": out of memory allocating ", format_bytes(requested),
+                   " (device total ", format_bytes(total_bytes), ", free ", format_bytes(free_bytes),
+                   "; tandem holds ", format_bytes(stats_.allocated), " in tensors and ",
+                   format_bytes(stats_.reserved), " reserved, peak ", format_bytes(stats_.peak_allocated), ")");
+    }
+    TANDEM_CUDA_CHECK(status);
+    ++stats_.num_device_allocs;
+    stats_.reserved += segment;
+    auto* block = new Block;
+    block->ptr = static_cast<char*>(ptr);
+    block->size = segment;
+    block->stream = stream;
+    block->small = small;
+    return block;
+  }
+
+  template <typename Pool>
+  void split_if_worthwhile(Block* block, size_t size, Pool& pool) {
+    size_t remainder = block->size - size;
+    bool worthwhile = block->small ? remainder >= kMinBlock : remainder > kMinLargeRemainder;
+    if (!worthwhile) return;
+    auto* rest = new Block;
+    rest->ptr = block->ptr + size;
+    rest->size = remainder;
+    rest->stream = block->stream;
+    rest->small = block->small;
+    rest->prev = block;
+    rest->next = block->next;
+    if (block->next) block->next->prev = rest;
+    block->next = rest;
+    block->size = size;
+    pool.insert(rest);
+  }
+
+  // Folds a free neighbour into block; returns the surviving block.
+  template <typename Pool>
+  Block* merge(Block* block, Block* neighbour, Pool& pool) {
+    if (neighbour == nullptr || neighbour->allocated) return block;
+    pool.erase(neighbour);
+    Block* first = neighbour == block->prev ? neighbour : block;
+    Block* second = first == block ? neighbour : block;
+    first->size += second->size;
+    first->next = second->next;
+    if (second->next) second->next->prev = first;
+    delete second;
+    return first;
+  }
+
+  void release_free_segments() {
+    for (auto* pool : {&small_free_, &large_free_}) {
+      for (auto it = pool->begin(); it != pool->end();) {
+        Block* b = *it;
+        if (b->prev == nullptr && b->next == nullptr) {  // a whole segment, unused
+          DeviceGuard guard(device_);
+          cudaFree(b->ptr);
+          stats_.reserved -= b->size;
+          delete b;
+          it = pool->erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
+  int device_;
+  std::mutex mutex_;
+  std::set<Block*, BlockOrder> small_free_, large_free_;
+  std::unordered_map<void*, Block*> active_;
+  MemoryStats stats_;
+};
+
+DeviceAllocator& allocator(int device) {
+  static std::mutex mutex;
+  // Never destroyed: tensors freed during static destruction still find their allocator.
+  static auto* allocators = new std::unordered_map<int, std::unique_ptr<DeviceAllocator>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& a = (*allocators)[device];
+  if (!a) a = std::make_unique<DeviceAllocator>(device);
+  return *a;
+}
+}  // namespace
+
+void* device_allocate(size_t nbytes, int device) {
+  check_device(device);
+  return allocator(device).allocate(nbytes, current_stream(device));
+}
+
+void device_free(void* ptr, int device) { allocator(device).free(ptr); }
+
+MemoryStats memory_stats(int device) {
+  check_device(device);
+  return allocator(device).stats();
+}
+size_t memory_allocated(int device) { return memory_stats(device).allocated; }
+size_t memory_reserved(int device) { return memory_stats(device).reserved; }
+size_t max_memory_allocated(int device) { return memory_stats(device).peak_allocated; }
+void reset_peak_memory_stats(int device) {
+  check_device(device);
+  allocator(device).reset_peak();
+}
+void empty_cache(int device) {
+  check_device(device);
+  allocator(device).empty_cache();
+}
+void set_poison_allocations(bool enabled) { poison_allocations = enabled; }
+
+}  // namespace tandem::cuda

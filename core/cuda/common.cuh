@@ -1,0 +1,106 @@
+#pragma once
+// Shared pieces of the CUDA kernels: device element types, launch checking with NVTX ranges,
+// and the strided indexer for elementwise loops.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <vector>
+
+#include "tandem/core/cuda/runtime.h"
+#include "tandem/core/dispatch.h"
+#include "tandem/core/tensor.h"
+
+namespace tandem::cuda {
+
+// ---- element types: host Half/BFloat16 are bit-compatible with __half/__nv_bfloat16 ----
+template <typename T> struct DeviceTypeOf { using type = T; };
+template <> struct DeviceTypeOf<Half> { using type = __half; };
+template <> struct DeviceTypeOf<BFloat16> { using type = __nv_bfloat16; };
+template <typename T> using device_t = typename DeviceTypeOf<T>::type;
+
+// The type arithmetic happens in: float for the 16-bit floats, the type itself otherwise.
+template <typename T> struct AccOf { using type = T; };
+template <> struct AccOf<__half> { using type = float; };
+template <> struct AccOf<__nv_bfloat16> { using type = float; };
+template <typename T> using acc_t = typename AccOf<T>::type;
+
+template <typename T>
+__host__ __device__ __forceinline__ acc_t<T> to_acc(T v) {
+  if constexpr (std::is_same_v<T, __half>) return __half2float(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
+  else return v;
+}
+
+// Converts any element type to any other (bool: non-zero is true), through float or double.
+template <typename To, typename From>
+__host__ __device__ __forceinline__ To cast_to(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (std::is_same_v<From, __half> || std::is_same_v<From, __nv_bfloat16>) {
+    return cast_to<To>(to_acc(v));
+  } else if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else if constexpr (std::is_same_v<To, __half>) {
+    return __float2half_rn(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
+    return __float2bfloat16_rn(static_cast<float>(v));
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+// ---- launching ----
+inline int blocks_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 8) {
+  int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 1 ? 1 : (b > max_blocks ? max_blocks : b));
+}
+
+// ---- strided elementwise indexing ----
+constexpr int kMaxDims = 10;
+
+// Offsets (in elements) of N operands that share one shape, from a linear row-major index.
+template <int N>
+struct Indexer {
+  int ndim = 0;
+  int64_t sizes[kMaxDims];
+  int64_t strides[N][kMaxDims];
+
+  __device__ __forceinline__ void offsets(int64_t linear, int64_t (&off)[N]) const {
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      int64_t i = linear % sizes[d];
+      linear /= sizes[d];
+#pragma unroll
+      for (int k = 0; k < N; ++k) off[k] += i * strides[k][d];
+    }
+  }
+};
+
+template <int N>
+Indexer<N> make_indexer(const Shape& shape, const std::array<const Tensor*, N>& operands) {
+  std::vector<Strides> strides;
+  for (const Tensor* t : operands) strides.push_back(t->strides());
+  CollapsedDims c = collapse_dims(shape, strides);
+  TANDEM_CHECK_AS(NotImplementedError, static_cast<int>(c.sizes.size()) <= kMaxDims, "cuda: a strided layout with ",
+                  c.sizes.size(), " dims that cannot be merged (at most ", kMaxDims, " supported); call contiguous() first");
+  Indexer<N> idx;
+  idx.ndim = static_cast<int>(c.sizes.size());
+  for (int d = 0; d < idx.ndim; ++d) {
+    idx.sizes[d] = c.sizes[d];
+    for (int k = 0; k < N; ++k) idx.strides[k][d] = c.strides[k][d];
+  }
+  return idx;
+}
+
+template <typename T>
+T* device_ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+// The stream of a tensor's device, with that device made current.
+inline cudaStream_t stream_of(const Tensor& t) { return current_stream(t.device().index); }
+
+}  // namespace tandem::cuda

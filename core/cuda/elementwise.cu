@@ -1,0 +1,241 @@
+// CUDA elementwise kernels: unary, binary, where, copy with casts, fill, in-place add, random.
+// The formulas are the CPU backend's (core/scalar_math.h), computed in f32 for 16-bit floats.
+#include "tandem/core/backend.h"
+#include "tandem/core/cuda/loops.cuh"
+#include "tandem/core/philox.h"
+#include "tandem/core/scalar_math.h"
+
+namespace tandem::cuda {
+
+namespace {
+bool floating_only(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::exp:
+    case UnaryOp::log:
+    case UnaryOp::sqrt:
+    case UnaryOp::rsqrt:
+    case UnaryOp::tanh:
+    case UnaryOp::sigmoid:
+    case UnaryOp::gelu_tanh:
+    case UnaryOp::gelu_erf:
+    case UnaryOp::pow_scalar: return true;
+    default: return false;
+  }
+}
+
+bool floating_only(BinaryOp op) {
+  return op == BinaryOp::div || op == BinaryOp::pow || op == BinaryOp::relu_backward ||
+         op == BinaryOp::gelu_tanh_backward || op == BinaryOp::gelu_erf_backward;
+}
+
+// Wraps a formula on the compute type C into an element function on T.
+template <typename T, typename Fn>
+struct OnAcc1 {
+  Fn fn;
+  __device__ T operator()(T v) const { return cast_to<T>(fn(to_acc(v))); }
+};
+template <typename T, typename Fn>
+OnAcc1<T, Fn> on_acc(Fn fn) {
+  return {fn};
+}
+
+template <typename T, typename Fn>
+struct OnAcc2 {
+  Fn fn;
+  __device__ T operator()(T a, T b) const { return cast_to<T>(fn(to_acc(a), to_acc(b))); }
+};
+template <typename T, typename Fn>
+OnAcc2<T, Fn> on_acc2(Fn fn) {
+  return {fn};
+}
+
+template <typename T>
+void unary_typed(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double beta) {
+  using C = acc_t<T>;
+  const char* name = unary_op_name(op);
+  auto run = [&](auto fn) { map1<T, T>(name, x, out, on_acc<T>(fn)); };
+  if constexpr (std::is_floating_point_v<C>) {
+    switch (op) {
+      case UnaryOp::exp: return run([] __device__(C v) { return std::exp(v); });
+      case UnaryOp::log: return run([] __device__(C v) { return std::log(v); });
+      case UnaryOp::sqrt: return run([] __device__(C v) { return std::sqrt(v); });
+      case UnaryOp::rsqrt: return run([] __device__(C v) { return C(1) / std::sqrt(v); });
+      case UnaryOp::tanh: return run([] __device__(C v) { return std::tanh(v); });
+      case UnaryOp::sigmoid: return run([] __device__(C v) { return math::sigmoid(v); });
+      case UnaryOp::gelu_tanh: return run([] __device__(C v) { return math::gelu_tanh(v); });
+      case UnaryOp::gelu_erf: return run([] __device__(C v) { return math::gelu_erf(v); });
+      case UnaryOp::pow_scalar: {
+        C e = static_cast<C>(alpha);
+        if (alpha == 2.0) return run([] __device__(C v) { return v * v; });
+        return run([e] __device__(C v) { return std::pow(v, e); });
+      }
+      default: break;
+    }
+  }
+  switch (op) {
+    case UnaryOp::neg: return run([] __device__(C v) { return C(-v); });
+    case UnaryOp::abs: return run([] __device__(C v) { return v < C(0) ? C(-v) : v; });
+    case UnaryOp::relu: return run([] __device__(C v) { return v > C(0) ? v : C(0); });
+    case UnaryOp::sign: return run([] __device__(C v) { return C((C(0) < v) - (v < C(0))); });
+    case UnaryOp::scale: {
+      C s = static_cast<C>(alpha);
+      return run([s] __device__(C v) { return C(v * s); });
+    }
+    case UnaryOp::clamp: {
+      C lo = static_cast<C>(alpha), hi = static_cast<C>(beta);
+      return run([lo, hi] __device__(C v) { return v < lo ? lo : (v > hi ? hi : v); });
+    }
+    default: TANDEM_THROW(Error, "unary: unhandled op ", name);
+  }
+}
+
+template <typename T>
+void logical_not_typed(const Tensor& x, const Tensor& out) {
+  map1<T, bool>("logical_not", x, out, [] __device__(T v) { return !cast_to<bool>(v); });
+}
+
+template <typename T>
+void comparison_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  using C = acc_t<T>;
+  const char* name = binary_op_name(op);
+  auto run = [&](auto fn) { map2<T, T, bool>(name, a, b, out, fn); };
+  switch (op) {
+    case BinaryOp::eq: return run([] __device__(T x, T y) { return to_acc(x) == to_acc(y); });
+    case BinaryOp::ne: return run([] __device__(T x, T y) { return to_acc(x) != to_acc(y); });
+    case BinaryOp::lt: return run([] __device__(T x, T y) { return to_acc(x) < to_acc(y); });
+    case BinaryOp::le: return run([] __device__(T x, T y) { return to_acc(x) <= to_acc(y); });
+    case BinaryOp::gt: return run([] __device__(T x, T y) { return to_acc(x) > to_acc(y); });
+    case BinaryOp::ge: return run([] __device__(T x, T y) { return to_acc(x) >= to_acc(y); });
+    default: TANDEM_THROW(Error, "comparison: unhandled op ", name);
+  }
+  (void)sizeof(C);
+}
+
+template <typename T>
+void arithmetic_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  using C = acc_t<T>;
+  const char* name = binary_op_name(op);
+  auto run = [&](auto fn) { map2<T, T, T>(name, a, b, out, on_acc2<T>(fn)); };
+  if constexpr (std::is_floating_point_v<C>) {
+    switch (op) {
+      case BinaryOp::div: return run([] __device__(C x, C y) { return x / y; });
+      case BinaryOp::pow: return run([] __device__(C x, C y) { return std::pow(x, y); });
+      case BinaryOp::relu_backward: return run([] __device__(C g, C x) { return x > C(0) ? g : C(0); });
+      case BinaryOp::gelu_tanh_backward: return run([] __device__(C g, C x) { return g * math::gelu_tanh_grad(x); });
+      case BinaryOp::gelu_erf_backward: return run([] __device__(C g, C x) { return g * math::gelu_erf_grad(x); });
+      default: break;
+    }
+  }
+  switch (op) {
+    case BinaryOp::add: return run([] __device__(C x, C y) { return C(x + y); });
+    case BinaryOp::sub: return run([] __device__(C x, C y) { return C(x - y); });
+    case BinaryOp::mul: return run([] __device__(C x, C y) { return C(x * y); });
+    case BinaryOp::maximum: return run([] __device__(C x, C y) { return math::nan_max(x, y); });
+    case BinaryOp::minimum: return run([] __device__(C x, C y) { return math::nan_min(x, y); });
+    default: TANDEM_THROW(Error, "binary: unhandled op ", name);
+  }
+}
+
+template <typename T>
+void where_typed(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  map3<bool, T, T, T>("where", cond, a, b, out, [] __device__(bool c, T x, T y) { return c ? x : y; });
+}
+
+template <typename S, typename D>
+void copy_typed(const Tensor& src, const Tensor& dst) {
+  map1<S, D>("copy", src, dst, [] __device__(S v) { return cast_to<D>(v); });
+}
+
+template <typename T>
+void fill_typed(const Tensor& dst, double value) {
+  T v = cast_to<T>(value);
+  map1<T, T>("fill", dst, dst, [v] __device__(T) { return v; });
+}
+
+template <typename T>
+void add_inplace_typed(const Tensor& dst, const Tensor& src, double alpha) {
+  using C = acc_t<T>;
+  C a = static_cast<C>(alpha);
+  map2<T, T, T>("add_", dst, src, dst, [a] __device__(T d, T s) { return cast_to<T>(to_acc(d) + a * to_acc(s)); });
+}
+
+template <typename T>
+__global__ void random_kernel(int64_t n, T* out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    uint64_t counter = offset + static_cast<uint64_t>(i);
+    double v = 0.0;
+    switch (kind) {
+      case RandomKind::uniform: v = p1 + (p2 - p1) * philox::uniform(seed, counter); break;
+      case RandomKind::normal: v = p1 + p2 * philox::normal(seed, counter); break;
+      case RandomKind::bernoulli: v = philox::uniform(seed, counter) < p1 ? 1.0 : 0.0; break;
+    }
+    out[i] = cast_to<T>(v);
+  }
+}
+}  // namespace
+
+void unary(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double beta) {
+  const char* name = unary_op_name(op);
+  auto typed = [&](auto tag) { unary_typed<device_t<decltype(tag)>>(op, x, out, alpha, beta); };
+  if (op == UnaryOp::logical_not) {
+    dispatch_all(x.dtype(), name, "cuda", [&](auto tag) { logical_not_typed<device_t<decltype(tag)>>(x, out); });
+  } else if (floating_only(op)) {
+    dispatch_floating(x.dtype(), name, "cuda", typed);
+  } else {
+    dispatch_numeric(x.dtype(), name, "cuda", typed);
+  }
+}
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const char* name = binary_op_name(op);
+  auto arithmetic = [&](auto tag) { arithmetic_typed<device_t<decltype(tag)>>(op, a, b, out); };
+  if (is_comparison(op)) {
+    dispatch_all(a.dtype(), name, "cuda", [&](auto tag) { comparison_typed<device_t<decltype(tag)>>(op, a, b, out); });
+  } else if (floating_only(op)) {
+    dispatch_floating(a.dtype(), name, "cuda", arithmetic);
+  } else {
+    dispatch_numeric(a.dtype(), name, "cuda", arithmetic);
+  }
+}
+
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  dispatch_all(a.dtype(), "where", "cuda", [&](auto tag) { where_typed<device_t<decltype(tag)>>(cond, a, b, out); });
+}
+
+void copy(const Tensor& src, const Tensor& dst) {
+  if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
+    DeviceGuard guard(dst.device().index);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice,
+                                      stream_of(dst)));
+    return;
+  }
+  dispatch_all(src.dtype(), "copy", "cuda", [&](auto src_tag) {
+    dispatch_all(dst.dtype(), "copy", "cuda", [&](auto dst_tag) {
+      copy_typed<device_t<decltype(src_tag)>, device_t<decltype(dst_tag)>>(src, dst);
+    });
+  });
+}
+
+void fill(const Tensor& dst, double value) {
+  dispatch_all(dst.dtype(), "fill", "cuda", [&](auto tag) { fill_typed<device_t<decltype(tag)>>(dst, value); });
+}
+
+void add_inplace(const Tensor& dst, const Tensor& src, double alpha) {
+  dispatch_numeric(dst.dtype(), "add_", "cuda",
+                   [&](auto tag) { add_inplace_typed<device_t<decltype(tag)>>(dst, src, alpha); });
+}
+
+void random(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2) {
+  dispatch_floating(out.dtype(), "random", "cuda", [&](auto tag) {
+    using T = device_t<decltype(tag)>;
+    NvtxRange range("random");
+    DeviceGuard guard(out.device().index);
+    int64_t n = out.numel();
+    random_kernel<T><<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(out)>>>(n, device_ptr<T>(out), kind,
+                                                                                           seed, offset, p1, p2);
+    check_launch("random");
+  });
+}
+
+}  // namespace tandem::cuda

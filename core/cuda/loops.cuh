@@ -1,0 +1,147 @@
+#pragma once
+// Elementwise launchers: out[i] = f(a[i], ...) over out's shape. Contiguous operands take a
+// vectorised path (16-byte loads); anything else (broadcast, transposed, sliced) goes through the
+// strided indexer.
+#include "tandem/core/cuda/common.cuh"
+
+namespace tandem::cuda {
+
+constexpr int kElementwiseThreads = 256;
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+template <typename... Ts>
+constexpr int vector_width() {
+  constexpr size_t widest = std::max({sizeof(Ts)...});
+  return static_cast<int>(16 / widest) > 0 ? static_cast<int>(16 / widest) : 1;
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <int V, typename TA, typename TO, typename F>
+__global__ void map1_contiguous(int64_t n, const TA* __restrict__ a, TO* __restrict__ out, F f) {
+  int64_t n_vec = n / V;
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
+    Vec<TA, V> va = reinterpret_cast<const Vec<TA, V>*>(a)[i];
+    Vec<TO, V> vo;
+#pragma unroll
+    for (int k = 0; k < V; ++k) vo.v[k] = f(va.v[k]);
+    reinterpret_cast<Vec<TO, V>*>(out)[i] = vo;
+  }
+  for (int64_t i = n_vec * V + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = f(a[i]);
+  }
+}
+
+template <int V, typename TA, typename TB, typename TO, typename F>
+__global__ void map2_contiguous(int64_t n, const TA* __restrict__ a, const TB* __restrict__ b, TO* __restrict__ out,
+                                F f) {
+  int64_t n_vec = n / V;
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
+    Vec<TA, V> va = reinterpret_cast<const Vec<TA, V>*>(a)[i];
+    Vec<TB, V> vb = reinterpret_cast<const Vec<TB, V>*>(b)[i];
+    Vec<TO, V> vo;
+#pragma unroll
+    for (int k = 0; k < V; ++k) vo.v[k] = f(va.v[k], vb.v[k]);
+    reinterpret_cast<Vec<TO, V>*>(out)[i] = vo;
+  }
+  for (int64_t i = n_vec * V + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = f(a[i], b[i]);
+  }
+}
+
+template <typename TA, typename TO, typename F>
+__global__ void map1_strided(int64_t n, const TA* a, TO* out, Indexer<2> idx, F f) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    int64_t off[2];
+    idx.offsets(i, off);
+    out[off[1]] = f(a[off[0]]);
+  }
+}
+
+template <typename TA, typename TB, typename TO, typename F>
+__global__ void map2_strided(int64_t n, const TA* a, const TB* b, TO* out, Indexer<3> idx, F f) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    int64_t off[3];
+    idx.offsets(i, off);
+    out[off[2]] = f(a[off[0]], b[off[1]]);
+  }
+}
+
+template <typename TA, typename TB, typename TC, typename TO, typename F>
+__global__ void map3_strided(int64_t n, const TA* a, const TB* b, const TC* c, TO* out, Indexer<4> idx, F f) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    int64_t off[4];
+    idx.offsets(i, off);
+    out[off[3]] = f(a[off[0]], b[off[1]], c[off[2]]);
+  }
+}
+
+// Blocks for a grid-stride loop: enough to fill the GPU several times over, no more.
+inline int elementwise_blocks(int64_t work) { return blocks_for(work, kElementwiseThreads, 132 * 32); }
+
+template <typename TA, typename TO, typename F>
+void map1(const char* name, const Tensor& a, const Tensor& out, F f) {
+  int64_t n = out.numel();
+  if (n == 0) return;
+  NvtxRange range(name);
+  DeviceGuard guard(out.device().index);
+  cudaStream_t stream = stream_of(out);
+  const TA* pa = device_ptr<const TA>(a);
+  TO* po = device_ptr<TO>(out);
+  if (a.is_contiguous() && out.is_contiguous() && a.shape() == out.shape()) {
+    constexpr int V = vector_width<TA, TO>();
+    bool vec = aligned16(pa) && aligned16(po);
+    if (vec) map1_contiguous<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, po, f);
+    else map1_contiguous<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, po, f);
+  } else {
+    Indexer<2> idx = make_indexer<2>(out.shape(), {&a, &out});
+    map1_strided<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, po, idx, f);
+  }
+  check_launch(name);
+}
+
+template <typename TA, typename TB, typename TO, typename F>
+void map2(const char* name, const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+  int64_t n = out.numel();
+  if (n == 0) return;
+  NvtxRange range(name);
+  DeviceGuard guard(out.device().index);
+  cudaStream_t stream = stream_of(out);
+  const TA* pa = device_ptr<const TA>(a);
+  const TB* pb = device_ptr<const TB>(b);
+  TO* po = device_ptr<TO>(out);
+  if (a.is_contiguous() && b.is_contiguous() && out.is_contiguous() && a.shape() == out.shape() &&
+      b.shape() == out.shape()) {
+    constexpr int V = vector_width<TA, TB, TO>();
+    bool vec = aligned16(pa) && aligned16(pb) && aligned16(po);
+    if (vec) map2_contiguous<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, f);
+    else map2_contiguous<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, f);
+  } else {
+    Indexer<3> idx = make_indexer<3>(out.shape(), {&a, &b, &out});
+    map2_strided<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, idx, f);
+  }
+  check_launch(name);
+}
+
+template <typename TA, typename TB, typename TC, typename TO, typename F>
+void map3(const char* name, const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& out, F f) {
+  int64_t n = out.numel();
+  if (n == 0) return;
+  NvtxRange range(name);
+  DeviceGuard guard(out.device().index);
+  Indexer<4> idx = make_indexer<4>(out.shape(), {&a, &b, &c, &out});
+  map3_strided<<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(out)>>>(
+      n, device_ptr<const TA>(a), device_ptr<const TB>(b), device_ptr<const TC>(c), device_ptr<TO>(out), idx, f);
+  check_launch(name);
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,203 @@
+// Matrix products through cuBLASLt. tandem's matrices are row-major; cuBLASLt's are
+// column-major, and a row-major (r, c) matrix is the column-major (c, r) matrix of its transpose.
+// So C = A @ B is computed as C^T = B^T @ A^T with the operands swapped, each passed as stored
+// (transposed views become a transpose op, not a copy). f16/bf16 accumulate in f32; f32 uses
+// TF32 tensor cores only under MatmulPrecision::high. Algorithms come from cuBLASLt's heuristic
+// and are cached per shape, layout and alignment.
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/cuda/runtime.h"
+
+#define TANDEM_CUBLAS_CHECK(call)                                                                           \
+  do {                                                                                                      \
+    cublasStatus_t tandem_status_ = (call);                                                                 \
+    if (tandem_status_ != CUBLAS_STATUS_SUCCESS) {                                                          \
+      throw ::tandem::BackendError(::tandem::detail::concat("cuBLAS error ", cublasGetStatusName(tandem_status_), \
+                                                            ": ", cublasGetStatusString(tandem_status_)),        \
+                                   #call, __FILE__, __LINE__);                                              \
+    }                                                                                                       \
+  } while (0)
+
+namespace tandem::cuda {
+
+namespace {
+constexpr size_t kWorkspaceBytes = 32u << 20;
+MatmulPrecision precision = MatmulPrecision::highest;
+
+cublasLtHandle_t handle(int device) {
+  static std::mutex mutex;
+  static std::map<int, cublasLtHandle_t> handles;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  DeviceGuard guard(device);
+  cublasLtHandle_t h = nullptr;
+  TANDEM_CUBLAS_CHECK(cublasLtCreate(&h));
+  handles[device] = h;
+  return h;
+}
+
+// One operand as cuBLASLt sees it: the stored column-major matrix, whether to transpose it, its
+// leading dimension and batch stride.
+struct Operand {
+  int64_t rows, cols, ld, batch_stride;
+  bool transpose;
+};
+
+// A row-major-indexed (r, c) matrix with strides (rs, cs) is column-major (c, r) when cs == 1,
+// or column-major (r, c), to be transposed, when rs == 1.
+Operand describe(int64_t r, int64_t c, int64_t rs, int64_t cs, int64_t bs) {
+  if (cs == 1 && (rs >= c || r <= 1)) return {c, r, std::max<int64_t>(std::max<int64_t>(rs, c), 1), bs, false};
+  return {r, c, std::max<int64_t>(std::max<int64_t>(cs, r), 1), bs, true};
+}
+
+bool gemm_layout(const Tensor& t) {
+  const Strides& s = t.strides();
+  int64_t r = t.shape()[1], c = t.shape()[2];
+  return (s[2] == 1 && (s[1] >= c || r <= 1)) || (s[1] == 1 && (s[2] >= r || c <= 1));
+}
+
+int alignment(const void* p) {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  int bytes = 256;
+  while (bytes > 1 && a % bytes != 0) bytes /= 2;
+  return bytes;
+}
+
+struct Types {
+  cudaDataType_t data;
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+};
+
+Types types_for(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return {CUDA_R_32F, precision == MatmulPrecision::high ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+              CUDA_R_32F};
+    case DType::f64: return {CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
+    case DType::f16: return {CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::bf16: return {CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    default:
+      TANDEM_THROW(TypeError, "matmul: dtype ", dtype_name(dtype), " is not supported on cuda (supported: f32, f64, f16, bf16)");
+  }
+}
+
+class Layout {
+ public:
+  Layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t batch_stride) {
+    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_, type, rows, cols, ld));
+    if (batch > 1) {
+      int32_t count = static_cast<int32_t>(batch);
+      TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout_, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout_, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                           &batch_stride, sizeof batch_stride));
+    }
+  }
+  ~Layout() { cublasLtMatrixLayoutDestroy(layout_); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+  cublasLtMatrixLayout_t get() const { return layout_; }
+
+ private:
+  cublasLtMatrixLayout_t layout_ = nullptr;
+};
+
+class MatmulDesc {
+ public:
+  MatmulDesc(const Types& t, bool transpose_a, bool transpose_b) {
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, t.compute, t.scale));
+    cublasOperation_t op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  }
+  ~MatmulDesc() { cublasLtMatmulDescDestroy(desc_); }
+  MatmulDesc(const MatmulDesc&) = delete;
+  MatmulDesc& operator=(const MatmulDesc&) = delete;
+  cublasLtMatmulDesc_t get() const { return desc_; }
+
+ private:
+  cublasLtMatmulDesc_t desc_ = nullptr;
+};
+
+using PlanKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, bool, bool, int, int, int>;
+}  // namespace
+
+void set_matmul_precision(MatmulPrecision p) { precision = p; }
+MatmulPrecision matmul_precision() { return precision; }
+
+void matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
+  Tensor a = gemm_layout(a_in) ? a_in : kernels::contiguous(a_in);
+  Tensor b = gemm_layout(b_in) ? b_in : kernels::contiguous(b_in);
+  const int64_t batch = out.shape()[0], m = out.shape()[1], n = out.shape()[2], k = a.shape()[2];
+  if (out.numel() == 0) return;
+  if (k == 0) {
+    fill(out, 0.0);
+    return;
+  }
+  NvtxRange range("matmul");
+  int device = out.device().index;
+  DeviceGuard guard(device);
+  cudaStream_t stream = current_stream(device);
+  Types t = types_for(a.dtype());
+
+  // Swapped: the first cuBLASLt operand is our B, the second our A; the result is C^T (n, m).
+  Operand lb = describe(k, n, b.strides()[1], b.strides()[2], b.strides()[0]);
+  Operand la = describe(m, k, a.strides()[1], a.strides()[2], a.strides()[0]);
+  MatmulDesc desc(t, lb.transpose, la.transpose);
+  Layout layout_b(t.data, lb.rows, lb.cols, lb.ld, batch, lb.batch_stride);
+  Layout layout_a(t.data, la.rows, la.cols, la.ld, batch, la.batch_stride);
+  Layout layout_c(t.data, n, m, n, batch, m * n);
+
+  int align_a = alignment(a.data_ptr()), align_b = alignment(b.data_ptr()), align_c = alignment(out.data_ptr());
+  PlanKey key{device, static_cast<int>(a.dtype()), static_cast<int>(t.compute), batch, m, n, k, la.ld, lb.ld,
+              la.batch_stride, lb.batch_stride, 0, la.transpose, lb.transpose, align_a, align_b, align_c};
+  static std::mutex mutex;
+  static std::map<PlanKey, cublasLtMatmulAlgo_t> plans;
+  cublasLtMatmulAlgo_t algo;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = plans.find(key);
+    if (it != plans.end()) {
+      algo = it->second;
+    } else {
+      cublasLtMatmulPreference_t pref = nullptr;
+      TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      size_t workspace = kWorkspaceBytes;
+      uint32_t al_a = static_cast<uint32_t>(align_b), al_b = static_cast<uint32_t>(align_a),
+               al_c = static_cast<uint32_t>(align_c);  // cuBLASLt's A is our B
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle(device), desc.get(), layout_b.get(), layout_a.get(),
+                                                             layout_c.get(), layout_c.get(), pref, 1, &result, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      TANDEM_CUBLAS_CHECK(status);
+      TANDEM_CHECK_AS(BackendError, found > 0, "matmul: cuBLASLt has no algorithm for ", batch, " x (", m, ", ", k,
+                      ") @ (", k, ", ", n, ") in ", a.dtype());
+      algo = result.algo;
+      plans.emplace(key, algo);
+    }
+  }
+  Tensor workspace = empty({static_cast<int64_t>(kWorkspaceBytes)}, TensorOptions(DType::u8, out.device()));
+  float alpha_f = 1.0f, beta_f = 0.0f;
+  double alpha_d = 1.0, beta_d = 0.0;
+  const void* alpha = t.scale == CUDA_R_64F ? static_cast<const void*>(&alpha_d) : &alpha_f;
+  const void* beta = t.scale == CUDA_R_64F ? static_cast<const void*>(&beta_d) : &beta_f;
+  TANDEM_CUBLAS_CHECK(cublasLtMatmul(handle(device), desc.get(), alpha, b.data_ptr(), layout_b.get(), a.data_ptr(),
+                                     layout_a.get(), beta, out.data_ptr(), layout_c.get(), out.data_ptr(),
+                                     layout_c.get(), &algo, workspace.data_ptr(), kWorkspaceBytes, stream));
+}
+
+}  // namespace tandem::cuda

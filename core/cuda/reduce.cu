@@ -1,0 +1,196 @@
+// CUDA reductions over the middle dim of a contiguous (outer, n, inner) tensor. Every op carries
+// a (value, index) state so sums, extremes and arg-extremes share one pair of kernels:
+//  - inner == 1: a block per row (and per chunk of a long row), cub::BlockReduce across threads;
+//  - inner > 1: 32 columns per block, rows split over threadIdx.y, combined through shared memory.
+// When a reduction is split into chunks, partial states go to a workspace and a second kernel
+// combines them, so a few long rows still fill the GPU.
+#include <cub/block/block_reduce.cuh>
+
+#include <limits>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/cuda/common.cuh"
+#include "tandem/core/scalar_math.h"
+
+namespace tandem::cuda {
+
+namespace {
+constexpr int kRowThreads = 256;
+constexpr int kColumnsPerBlock = 32;
+constexpr int kRowsPerBlock = 8;
+constexpr int64_t kMinChunk = 4096;  // elements per chunk when a row is split
+
+template <typename A>
+struct State {
+  A value;
+  int64_t index;
+};
+
+template <ReduceOp Op, typename A>
+struct Reducer {
+  static constexpr bool kArg = Op == ReduceOp::argmax || Op == ReduceOp::argmin;
+
+  __host__ __device__ static State<A> identity() {
+    if constexpr (Op == ReduceOp::sum || Op == ReduceOp::mean) {
+      return {A(0), 0};
+    } else if constexpr (Op == ReduceOp::max || Op == ReduceOp::argmax) {
+      return {std::numeric_limits<A>::has_infinity ? -std::numeric_limits<A>::infinity()
+                                                   : std::numeric_limits<A>::lowest(),
+              std::numeric_limits<int64_t>::max()};
+    } else {
+      return {std::numeric_limits<A>::has_infinity ? std::numeric_limits<A>::infinity() : std::numeric_limits<A>::max(),
+              std::numeric_limits<int64_t>::max()};
+    }
+  }
+
+  // Associative and commutative, so any combination order gives the same extreme and the first
+  // index among equals (NaN counts as the extreme, as on the CPU).
+  __device__ State<A> operator()(const State<A>& a, const State<A>& b) const {
+    if constexpr (Op == ReduceOp::sum || Op == ReduceOp::mean) {
+      return {a.value + b.value, 0};
+    } else {
+      bool a_nan = a.value != a.value, b_nan = b.value != b.value;
+      if (a_nan || b_nan) {
+        if (a_nan && b_nan) return a.index <= b.index ? a : b;
+        return a_nan ? a : b;
+      }
+      constexpr bool max_like = Op == ReduceOp::max || Op == ReduceOp::argmax;
+      bool a_better = max_like ? a.value > b.value : a.value < b.value;
+      bool b_better = max_like ? b.value > a.value : b.value < a.value;
+      if (a_better) return a;
+      if (b_better) return b;
+      return a.index <= b.index ? a : b;
+    }
+  }
+};
+
+template <ReduceOp Op, typename T, typename A>
+__device__ void write_result(const State<A>& s, int64_t n, T* out, int64_t* out_index, int64_t pos) {
+  if constexpr (Reducer<Op, A>::kArg) {
+    out_index[pos] = s.index == std::numeric_limits<int64_t>::max() ? 0 : s.index;
+  } else if constexpr (Op == ReduceOp::mean && std::is_floating_point_v<A>) {  // mean is for floats only
+    out[pos] = cast_to<T>(n == 0 ? A(NAN) : s.value / static_cast<A>(n));
+  } else {
+    out[pos] = cast_to<T>(s.value);
+  }
+}
+
+// grid (outer, chunks); block kRowThreads. Each block reduces one chunk of one row.
+template <ReduceOp Op, typename T, typename A>
+__global__ void reduce_rows(const T* __restrict__ x, int64_t n, int64_t chunk, T* out, int64_t* out_index,
+                            State<A>* partial) {
+  using Block = cub::BlockReduce<State<A>, kRowThreads>;
+  __shared__ typename Block::TempStorage temp;
+  Reducer<Op, A> combine;
+  const int64_t row = blockIdx.x;
+  const int64_t begin = blockIdx.y * chunk;
+  const int64_t end = min(n, begin + chunk);
+  const T* in = x + row * n;
+  State<A> s = Reducer<Op, A>::identity();
+  for (int64_t i = begin + threadIdx.x; i < end; i += kRowThreads) s = combine(s, State<A>{static_cast<A>(to_acc(in[i])), i});
+  s = Block(temp).Reduce(s, combine);
+  if (threadIdx.x != 0) return;
+  if (partial != nullptr) partial[row * gridDim.y + blockIdx.y] = s;
+  else write_result<Op>(s, n, out, out_index, row);
+}
+
+// grid (outer * ceil(inner / 32), chunks); block (32, 8).
+template <ReduceOp Op, typename T, typename A>
+__global__ void reduce_columns(const T* __restrict__ x, int64_t n, int64_t inner, int64_t chunk, T* out,
+                               int64_t* out_index, State<A>* partial) {
+  __shared__ State<A> shared[kRowsPerBlock][kColumnsPerBlock];
+  Reducer<Op, A> combine;
+  const int64_t tiles = (inner + kColumnsPerBlock - 1) / kColumnsPerBlock;
+  const int64_t o = blockIdx.x / tiles;
+  const int64_t col = (blockIdx.x % tiles) * kColumnsPerBlock + threadIdx.x;
+  const int64_t begin = blockIdx.y * chunk;
+  const int64_t end = min(n, begin + chunk);
+  State<A> s = Reducer<Op, A>::identity();
+  if (col < inner) {
+    const T* in = x + o * n * inner + col;
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowsPerBlock) s = combine(s, State<A>{static_cast<A>(to_acc(in[r * inner])), r});
+  }
+  shared[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= inner) return;
+  for (int k = 1; k < kRowsPerBlock; ++k) s = combine(s, shared[k][threadIdx.x]);
+  int64_t pos = o * inner + col;
+  if (partial != nullptr) partial[pos * gridDim.y + blockIdx.y] = s;
+  else write_result<Op>(s, n, out, out_index, pos);
+}
+
+// One thread per output: combines its `chunks` partial states.
+template <ReduceOp Op, typename T, typename A>
+__global__ void combine_partials(const State<A>* partial, int64_t outputs, int64_t chunks, int64_t n, T* out,
+                                 int64_t* out_index) {
+  int64_t pos = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (pos >= outputs) return;
+  Reducer<Op, A> combine;
+  State<A> s = partial[pos * chunks];
+  for (int64_t c = 1; c < chunks; ++c) s = combine(s, partial[pos * chunks + c]);
+  write_result<Op>(s, n, out, out_index, pos);
+}
+
+template <typename T>
+using reduce_acc_t = std::conditional_t<std::is_floating_point_v<acc_t<T>>, acc_t<T>, int64_t>;
+
+template <ReduceOp Op, typename T>
+void reduce_typed(const Tensor& x, const Tensor& out) {
+  using A = reduce_acc_t<T>;
+  const int64_t outer = x.shape()[0], n = x.shape()[1], inner = x.shape()[2];
+  const int64_t outputs = outer * inner;
+  if (outputs == 0) return;
+  NvtxRange range(reduce_op_name(Op));
+  DeviceGuard guard(x.device().index);
+  cudaStream_t stream = stream_of(x);
+  const T* px = device_ptr<const T>(x);
+  T* po = Reducer<Op, A>::kArg ? nullptr : device_ptr<T>(out);
+  int64_t* pi = Reducer<Op, A>::kArg ? device_ptr<int64_t>(out) : nullptr;
+
+  // Split long reductions until there are enough blocks to fill the GPU (~4 per SM).
+  const int64_t blocks_without_split = inner == 1 ? outer : outer * ((inner + kColumnsPerBlock - 1) / kColumnsPerBlock);
+  int64_t chunks = 1;
+  while (blocks_without_split * chunks < 132 * 4 && n / (chunks * 2) >= kMinChunk && chunks < 1024) chunks *= 2;
+  const int64_t chunk = (n + chunks - 1) / chunks;
+
+  Tensor workspace;
+  State<A>* partial = nullptr;
+  if (chunks > 1) {
+    workspace = empty({static_cast<int64_t>(outputs * chunks * sizeof(State<A>))}, TensorOptions(DType::u8, x.device()));
+    partial = device_ptr<State<A>>(workspace);
+  }
+  if (inner == 1) {
+    dim3 grid(static_cast<unsigned>(outer), static_cast<unsigned>(chunks));
+    reduce_rows<Op, T, A><<<grid, kRowThreads, 0, stream>>>(px, n, chunk, po, pi, partial);
+  } else {
+    int64_t tiles = (inner + kColumnsPerBlock - 1) / kColumnsPerBlock;
+    dim3 grid(static_cast<unsigned>(outer * tiles), static_cast<unsigned>(chunks));
+    dim3 block(kColumnsPerBlock, kRowsPerBlock);
+    reduce_columns<Op, T, A><<<grid, block, 0, stream>>>(px, n, inner, chunk, po, pi, partial);
+  }
+  check_launch(reduce_op_name(Op));
+  if (chunks > 1) {
+    combine_partials<Op, T, A><<<blocks_for(outputs, 256), 256, 0, stream>>>(partial, outputs, chunks, n, po, pi);
+    check_launch("reduce combine");
+  }
+}
+
+template <typename T>
+void reduce_dispatch_op(ReduceOp op, const Tensor& x, const Tensor& out) {
+  switch (op) {
+    case ReduceOp::sum: return reduce_typed<ReduceOp::sum, T>(x, out);
+    case ReduceOp::mean: return reduce_typed<ReduceOp::mean, T>(x, out);
+    case ReduceOp::max: return reduce_typed<ReduceOp::max, T>(x, out);
+    case ReduceOp::min: return reduce_typed<ReduceOp::min, T>(x, out);
+    case ReduceOp::argmax: return reduce_typed<ReduceOp::argmax, T>(x, out);
+    case ReduceOp::argmin: return reduce_typed<ReduceOp::argmin, T>(x, out);
+  }
+}
+}  // namespace
+
+void reduce(ReduceOp op, const Tensor& x, const Tensor& out) {
+  dispatch_numeric(x.dtype(), reduce_op_name(op), "cuda",
+                   [&](auto tag) { reduce_dispatch_op<device_t<decltype(tag)>>(op, x, out); });
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,80 @@
+#include "tandem/core/cuda/runtime.h"
+
+#include <mutex>
+#include <vector>
+
+#include "tandem/core/cuda_api.h"
+
+namespace tandem::cuda {
+
+namespace {
+constexpr int kMaxDevices = 64;
+thread_local cudaStream_t stream_override[kMaxDevices] = {};
+}  // namespace
+
+DeviceGuard::DeviceGuard(int device) {
+  TANDEM_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (device != previous_) TANDEM_CUDA_CHECK(cudaSetDevice(device));
+}
+
+DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
+
+bool is_built() { return true; }
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the "no device" error so later calls start clean
+    return 0;
+  }
+  return count;
+}
+
+bool is_available() { return device_count() > 0; }
+
+void check_device(int device) {
+  int count = device_count();
+  TANDEM_CHECK_AS(DeviceError, device >= 0 && device < count && device < kMaxDevices, "cuda:", device,
+                  " does not exist (", count, " CUDA device(s) visible)");
+}
+
+cudaStream_t compute_stream(int device) {
+  static std::once_flag once[kMaxDevices];
+  static cudaStream_t streams[kMaxDevices] = {};
+  check_device(device);
+  std::call_once(once[device], [device] {
+    DeviceGuard guard(device);
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking));
+  });
+  return streams[device];
+}
+
+cudaStream_t current_stream(int device) {
+  check_device(device);
+  cudaStream_t s = stream_override[device];
+  return s != nullptr ? s : compute_stream(device);
+}
+
+StreamGuard::StreamGuard(int device, cudaStream_t stream) : device_(device) {
+  check_device(device);
+  previous_ = stream_override[device];
+  stream_override[device] = stream;
+}
+
+StreamGuard::~StreamGuard() { stream_override[device_] = previous_; }
+
+void check_launch(const char* kernel) {
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) {
+    TANDEM_THROW(BackendError, "CUDA kernel ", kernel, " failed to launch: ", cudaGetErrorName(status), ": ",
+                 cudaGetErrorString(status));
+  }
+}
+
+void synchronize(int device) {
+  DeviceGuard guard(device);
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(compute_stream(device)));
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,293 @@
+// CUDA softmax / log_softmax (forward and backward) and the fused cross-entropy, over the middle
+// dim of contiguous (outer, n, inner) tensors. Rows (inner == 1) get a block each: one pass finds
+// each thread's running max and sum of exponentials (online softmax), the block combines them, a
+// second pass writes. Other dims get a thread per (outer, inner) column.
+#include <limits>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/cuda/common.cuh"
+
+namespace tandem::cuda {
+
+namespace {
+template <typename T>
+using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;  // f32 for f32/f16/bf16
+
+template <typename A>
+__device__ A warp_sum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename A>
+__device__ A warp_max(A v) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum / max over the block, returned to every thread. blockDim.x is a multiple of 32.
+template <typename A>
+__device__ A block_sum(A v) {
+  __shared__ A shared[32];
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
+  __syncthreads();
+  A total = threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : A(0);
+  if (threadIdx.x < 32) total = warp_sum(total);
+  if (threadIdx.x == 0) shared[0] = total;
+  __syncthreads();
+  A result = shared[0];
+  __syncthreads();  // the shared slots may be reused by the caller's next reduction
+  return result;
+}
+template <typename A>
+__device__ A block_max(A v) {
+  __shared__ A shared[32];
+  v = warp_max(v);
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
+  __syncthreads();
+  A total = threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : -std::numeric_limits<A>::infinity();
+  if (threadIdx.x < 32) total = warp_max(total);
+  if (threadIdx.x == 0) shared[0] = total;
+  __syncthreads();
+  A result = shared[0];
+  __syncthreads();
+  return result;
+}
+
+// Running (max, sum of exp(x - max)) of one thread, folded one value at a time.
+template <typename A>
+struct Online {
+  A max = -std::numeric_limits<A>::infinity();
+  A sum = A(0);
+  __device__ void add(A x) {
+    if (x == -std::numeric_limits<A>::infinity()) return;  // contributes exp(-inf) = 0
+    if (x > max) {
+      sum = sum * exp(max - x) + A(1);  // exp(-inf) is 0 for the first value
+      max = x;
+    } else {
+      sum += exp(x - max);
+    }
+  }
+};
+
+// The block's log-sum-exp from each thread's online state.
+template <typename A>
+__device__ A block_logsumexp(const Online<A>& mine) {
+  A m = block_max(mine.max);
+  A contribution = (mine.max == -std::numeric_limits<A>::infinity()) ? A(0) : mine.sum * exp(mine.max - m);
+  A s = block_sum(contribution);
+  return m + log(s);
+}
+
+int row_threads(int64_t n) {
+  int threads = 32;
+  while (threads < 1024 && threads * 8 < n) threads *= 2;
+  return threads;
+}
+
+template <typename T, bool Log>
+__global__ void softmax_rows(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
+  using A = stat_t<acc_t<T>>;
+  const T* in = x + blockIdx.x * n;
+  T* out = y + blockIdx.x * n;
+  Online<A> state;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) state.add(static_cast<A>(to_acc(in[i])));
+  A lse = block_logsumexp(state);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    A v = static_cast<A>(to_acc(in[i])) - lse;
+    out[i] = cast_to<T>(Log ? v : exp(v));
+  }
+}
+
+template <typename T, bool Log>
+__global__ void softmax_columns(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n, int64_t inner) {
+  using A = stat_t<acc_t<T>>;
+  int64_t column = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (column >= outer * inner) return;
+  int64_t base = (column / inner) * n * inner + column % inner;
+  Online<A> state;
+  for (int64_t r = 0; r < n; ++r) state.add(static_cast<A>(to_acc(x[base + r * inner])));
+  A lse = state.max + log(state.sum);
+  for (int64_t r = 0; r < n; ++r) {
+    A v = static_cast<A>(to_acc(x[base + r * inner])) - lse;
+    y[base + r * inner] = cast_to<T>(Log ? v : exp(v));
+  }
+}
+
+// softmax: dx = y * (g - sum(g * y));  log_softmax: dx = g - exp(y) * sum(g)
+template <typename T, bool Log>
+__global__ void softmax_backward_rows(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ dx, int64_t n) {
+  using A = stat_t<acc_t<T>>;
+  int64_t base = blockIdx.x * n;
+  A dot = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    A gv = static_cast<A>(to_acc(g[base + i]));
+    dot += Log ? gv : gv * static_cast<A>(to_acc(y[base + i]));
+  }
+  dot = block_sum(dot);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    A gv = static_cast<A>(to_acc(g[base + i])), yv = static_cast<A>(to_acc(y[base + i]));
+    dx[base + i] = cast_to<T>(Log ? gv - exp(yv) * dot : yv * (gv - dot));
+  }
+}
+
+template <typename T, bool Log>
+__global__ void softmax_backward_columns(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ dx,
+                                         int64_t outer, int64_t n, int64_t inner) {
+  using A = stat_t<acc_t<T>>;
+  int64_t column = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (column >= outer * inner) return;
+  int64_t base = (column / inner) * n * inner + column % inner;
+  A dot = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    A gv = static_cast<A>(to_acc(g[base + r * inner]));
+    dot += Log ? gv : gv * static_cast<A>(to_acc(y[base + r * inner]));
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    int64_t i = base + r * inner;
+    A gv = static_cast<A>(to_acc(g[i])), yv = static_cast<A>(to_acc(y[i]));
+    dx[i] = cast_to<T>(Log ? gv - exp(yv) * dot : yv * (gv - dot));
+  }
+}
+
+template <typename T>
+void softmax_typed(const Tensor& x, const Tensor& out, bool log) {
+  const int64_t outer = x.shape()[0], n = x.shape()[1], inner = x.shape()[2];
+  if (outer * inner == 0 || n == 0) return;
+  NvtxRange range(log ? "log_softmax" : "softmax");
+  DeviceGuard guard(x.device().index);
+  cudaStream_t stream = stream_of(x);
+  const T* px = device_ptr<const T>(x);
+  T* py = device_ptr<T>(out);
+  if (inner == 1) {
+    int threads = row_threads(n);
+    if (log) softmax_rows<T, true><<<static_cast<unsigned>(outer), threads, 0, stream>>>(px, py, n);
+    else softmax_rows<T, false><<<static_cast<unsigned>(outer), threads, 0, stream>>>(px, py, n);
+  } else {
+    int blocks = blocks_for(outer * inner, 256, INT32_MAX);
+    if (log) softmax_columns<T, true><<<blocks, 256, 0, stream>>>(px, py, outer, n, inner);
+    else softmax_columns<T, false><<<blocks, 256, 0, stream>>>(px, py, outer, n, inner);
+  }
+  check_launch("softmax");
+}
+
+template <typename T>
+void softmax_backward_typed(const Tensor& grad, const Tensor& y, const Tensor& out, bool log) {
+  const int64_t outer = y.shape()[0], n = y.shape()[1], inner = y.shape()[2];
+  if (outer * inner == 0 || n == 0) return;
+  NvtxRange range("softmax_backward");
+  DeviceGuard guard(y.device().index);
+  cudaStream_t stream = stream_of(y);
+  const T* pg = device_ptr<const T>(grad);
+  const T* py = device_ptr<const T>(y);
+  T* pd = device_ptr<T>(out);
+  if (inner == 1) {
+    int threads = row_threads(n);
+    if (log) softmax_backward_rows<T, true><<<static_cast<unsigned>(outer), threads, 0, stream>>>(pg, py, pd, n);
+    else softmax_backward_rows<T, false><<<static_cast<unsigned>(outer), threads, 0, stream>>>(pg, py, pd, n);
+  } else {
+    int blocks = blocks_for(outer * inner, 256, INT32_MAX);
+    if (log) softmax_backward_columns<T, true><<<blocks, 256, 0, stream>>>(pg, py, pd, outer, n, inner);
+    else softmax_backward_columns<T, false><<<blocks, 256, 0, stream>>>(pg, py, pd, outer, n, inner);
+  }
+  check_launch("softmax_backward");
+}
+
+// One block per row of logits (N, C). An out-of-range target (other than ignore_index) gives a
+// NaN loss for its row: a device kernel cannot raise, and NaN cannot go unnoticed.
+template <typename T>
+__global__ void cross_entropy_forward_rows(const T* __restrict__ logits, const int64_t* __restrict__ target,
+                                           stat_t<acc_t<T>>* losses, stat_t<acc_t<T>>* lse_out, int64_t classes,
+                                           int64_t ignore_index, double smoothing) {
+  using A = stat_t<acc_t<T>>;
+  const T* x = logits + blockIdx.x * classes;
+  Online<A> state;
+  A total = 0;
+  for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
+    A v = static_cast<A>(to_acc(x[j]));
+    state.add(v);
+    total += v;
+  }
+  A lse = block_logsumexp(state);
+  total = block_sum(total);
+  if (threadIdx.x != 0) return;
+  lse_out[blockIdx.x] = lse;
+  int64_t t = target[blockIdx.x];
+  if (t == ignore_index) {
+    losses[blockIdx.x] = A(0);
+  } else if (t < 0 || t >= classes) {
+    losses[blockIdx.x] = A(NAN);
+  } else {
+    A eps = static_cast<A>(smoothing);
+    losses[blockIdx.x] = lse - (A(1) - eps) * static_cast<A>(to_acc(x[t])) - eps / static_cast<A>(classes) * total;
+  }
+}
+
+template <typename T>
+__global__ void cross_entropy_backward_rows(const T* __restrict__ logits, const int64_t* __restrict__ target,
+                                            const stat_t<acc_t<T>>* lse, const stat_t<acc_t<T>>* row_grad,
+                                            T* __restrict__ dx, int64_t classes, int64_t ignore_index,
+                                            double smoothing) {
+  using A = stat_t<acc_t<T>>;
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * classes;
+  T* d = dx + row * classes;
+  int64_t t = target[row];
+  if (t == ignore_index) {
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) d[j] = cast_to<T>(A(0));
+    return;
+  }
+  A g = row_grad[row], l = lse[row];
+  A eps = static_cast<A>(smoothing);
+  A uniform = eps / static_cast<A>(classes);
+  for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
+    A p = exp(static_cast<A>(to_acc(x[j])) - l);
+    A y = uniform + (j == t ? A(1) - eps : A(0));
+    d[j] = cast_to<T>(g * (p - y));
+  }
+}
+}  // namespace
+
+void softmax(const Tensor& x, const Tensor& out, bool log) {
+  dispatch_floating(x.dtype(), log ? "log_softmax" : "softmax", "cuda",
+                    [&](auto tag) { softmax_typed<device_t<decltype(tag)>>(x, out, log); });
+}
+
+void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& out, bool log) {
+  dispatch_floating(y.dtype(), "softmax_backward", "cuda",
+                    [&](auto tag) { softmax_backward_typed<device_t<decltype(tag)>>(grad, y, out, log); });
+}
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& target, const Tensor& losses, const Tensor& lse,
+                           int64_t ignore_index, double smoothing) {
+  dispatch_floating(logits.dtype(), "cross_entropy", "cuda", [&](auto tag) {
+    using T = device_t<decltype(tag)>;
+    using A = stat_t<acc_t<T>>;
+    const int64_t n = logits.shape()[0], c = logits.shape()[1];
+    if (n == 0) return;
+    NvtxRange range("cross_entropy");
+    DeviceGuard guard(logits.device().index);
+    cross_entropy_forward_rows<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream_of(logits)>>>(
+        device_ptr<const T>(logits), device_ptr<const int64_t>(target), device_ptr<A>(losses), device_ptr<A>(lse), c,
+        ignore_index, smoothing);
+    check_launch("cross_entropy");
+  });
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& row_grad,
+                            const Tensor& out, int64_t ignore_index, double smoothing) {
+  dispatch_floating(logits.dtype(), "cross_entropy_backward", "cuda", [&](auto tag) {
+    using T = device_t<decltype(tag)>;
+    using A = stat_t<acc_t<T>>;
+    const int64_t n = logits.shape()[0], c = logits.shape()[1];
+    if (n == 0) return;
+    NvtxRange range("cross_entropy_backward");
+    DeviceGuard guard(logits.device().index);
+    cross_entropy_backward_rows<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream_of(logits)>>>(
+        device_ptr<const T>(logits), device_ptr<const int64_t>(target), device_ptr<const A>(lse),
+        device_ptr<const A>(row_grad), device_ptr<T>(out), c, ignore_index, smoothing);
+    check_launch("cross_entropy_backward");
+  });
+}
+
+}  // namespace tandem::cuda

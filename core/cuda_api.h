@@ -1,0 +1,39 @@
+#pragma once
+// What user code may ask of the CUDA backend, without including any CUDA header. In a build
+// without CUDA these report no devices, and the memory functions raise a DeviceError.
+#include <cstddef>
+#include <cstdint>
+
+namespace tandem::cuda {
+
+bool is_built();     // this build has the CUDA backend
+int device_count();  // 0 when built without CUDA or when no GPU is visible
+bool is_available();  // is_built() && device_count() > 0
+void synchronize(int device = 0);  // waits for all work tandem queued on the device
+
+// The caching allocator's figures for one device, in bytes.
+struct MemoryStats {
+  size_t allocated = 0;      // held by live tensors (rounded block sizes)
+  size_t reserved = 0;       // obtained from the driver: allocated + cached
+  size_t peak_allocated = 0;  // highest `allocated` since the last reset
+  uint64_t num_device_allocs = 0;  // cudaMalloc calls made
+  uint64_t num_ooms = 0;      // requests that failed even after freeing the cache
+};
+MemoryStats memory_stats(int device = 0);
+size_t memory_allocated(int device = 0);
+size_t memory_reserved(int device = 0);
+size_t max_memory_allocated(int device = 0);
+void reset_peak_memory_stats(int device = 0);
+// Gives every cached block that no tensor uses back to the driver.
+void empty_cache(int device = 0);
+// Debugging: fill every new allocation with 0xFF bytes (NaN in every float type), so a kernel
+// that leaves an output element unwritten shows up as NaN.
+void set_poison_allocations(bool enabled);
+
+// f32 matrix products: "highest" keeps full f32; "high" lets cuBLASLt use TF32 tensor cores
+// (like torch.set_float32_matmul_precision).
+enum class MatmulPrecision { highest, high };
+void set_matmul_precision(MatmulPrecision precision);
+MatmulPrecision matmul_precision();
+
+}  // namespace tandem::cuda

@@ -1,0 +1,72 @@
+#include "support/test_util.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/views.h"
+
+namespace tandem::testing {
+
+uint64_t next_seed() {
+  // Seeded once from the clock so every run draws new inputs; printed so a failure can be replayed
+  // by setting TANDEM_TEST_SEED.
+  static std::atomic<uint64_t> counter = [] {
+    const char* env = std::getenv("TANDEM_TEST_SEED");
+    uint64_t base = env != nullptr ? std::strtoull(env, nullptr, 10)
+                                   : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::printf("[tandem] test seed %llu (set TANDEM_TEST_SEED to replay)\n", static_cast<unsigned long long>(base));
+    return base;
+  }();
+  return counter++;
+}
+
+Tensor random_tensor(const Shape& shape, TensorOptions options) {
+  Generator gen(next_seed());
+  return randn(shape, options, &gen);
+}
+
+Tensor random_uniform(const Shape& shape, double low, double high, TensorOptions options) {
+  Generator gen(next_seed());
+  return uniform(shape, low, high, options, &gen);
+}
+
+Tensor random_leaf(const Shape& shape) { return random_tensor(shape).requires_grad_(); }
+
+Tensor random_transposed_leaf(const Shape& shape) {
+  Shape swapped = shape;
+  std::swap(swapped[swapped.size() - 1], swapped[swapped.size() - 2]);
+  Tensor base = random_tensor(swapped);
+  Tensor t = views::transpose(base, -1, -2);
+  t.requires_grad_();
+  return t;
+}
+
+::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  if (a.shape() != b.shape()) {
+    return ::testing::AssertionFailure() << "shapes differ: " << shape_str(a.shape()) << " vs " << shape_str(b.shape());
+  }
+  return all_close(a, b.to_double_vector(), rtol, atol);
+}
+
+::testing::AssertionResult all_close(const Tensor& a, const std::vector<double>& expected, double rtol, double atol) {
+  std::vector<double> got = a.to_double_vector();
+  if (got.size() != expected.size()) {
+    return ::testing::AssertionFailure() << got.size() << " values vs " << expected.size() << " expected";
+  }
+  double scale = 0.0;
+  for (double v : expected) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < got.size(); ++i) {
+    double diff = std::abs(got[i] - expected[i]);
+    if (!(diff <= atol + rtol * scale)) {
+      return ::testing::AssertionFailure() << "element " << i << ": " << got[i] << " vs expected " << expected[i]
+                                           << " (|diff| " << diff << ", allowed " << atol + rtol * scale << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+bool cuda_available() { return cuda::is_built() && cuda::device_count() > 0; }
+
+}  // namespace tandem::testing
