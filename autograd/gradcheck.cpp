@@ -28,6 +28,15 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
     TANDEM_CHECK_AS(ValueError, inputs[i].dtype() == DType::f64 && inputs[i].device().is_cpu(),
                     "gradcheck: input ", i, " must be an f64 cpu tensor, got ", inputs[i].dtype(), " on ", inputs[i].device());
     TANDEM_CHECK_AS(ValueError, inputs[i].requires_grad(), "gradcheck: input ", i, " must require grad");
+    // Only leaves get .grad; a non-leaf would read as a zero analytic gradient and fail misleadingly.
+    TANDEM_CHECK_AS(ValueError, inputs[i].is_leaf(), "gradcheck: input ", i,
+                    " must be a leaf, not the result of an op (pass x.detach().requires_grad_())");
+    // Perturbing one element of an overlapping layout (an expanded input) would move several at once.
+    for (int64_t d = 0; d < inputs[i].dim(); ++d) {
+      TANDEM_CHECK_AS(ValueError, inputs[i].strides()[d] != 0 || inputs[i].shape()[d] <= 1, "gradcheck: input ", i,
+                      " (shape ", shape_str(inputs[i].shape()), ") has stride 0 at dim ", d,
+                      "; its elements overlap, so pass a contiguous copy");
+    }
   }
   Tensor probe = fn(inputs);
   Generator gen(options.seed);

@@ -4,9 +4,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "tandem/core/kernels.h"
 #include "tandem/core/tensor.h"
 
 namespace tandem {
+
+class Generator;
 
 // ---- elementwise (NumPy broadcasting; operands share dtype and device) ----
 Tensor add(const Tensor& a, const Tensor& b);
@@ -118,6 +121,33 @@ Tensor contiguous(const Tensor& x);
 Tensor clone(const Tensor& x);
 Tensor to(const Tensor& x, DType dtype);
 Tensor to(const Tensor& x, Device device);
+
+// ---- convolution, pooling, normalisation (NCHW, as in torch.nn.functional) ----
+// x (N, C, H, W), weight (K, C / groups, R, S), optional bias (K,).
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dParams& params = {});
+// stride < 0 means stride = kernel.
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0);
+Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0,
+                  bool count_include_pad = true);
+// Average over windows that tile (H, W) into (out_h, out_w); H and W must divide evenly.
+Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
+// Normalises each channel of x (N, C, H, W). In training, uses and returns the batch statistics
+// and updates running_mean / running_var in place (momentum as in PyTorch); in evaluation, uses
+// the running statistics. weight, bias and running stats are (C,) in f32 (f64 for f64 input).
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+
+// ---- other layers' functions ----
+// Normalises over the last normalized_shape.size() dims (biased variance), then scales and
+// shifts by weight and bias (shaped normalized_shape; either may be undefined).
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps = 1e-5);
+// Rows of weight (V, D) picked by integer indices of any shape: result (..., D).
+Tensor embedding(const Tensor& indices, const Tensor& weight);
+// Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training;
+// the identity otherwise. Draws from `generator` (the default generator when null).
+Tensor dropout(const Tensor& x, double p, bool training, Generator* generator = nullptr);
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
 
 // ---- joining and indexing ----
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);

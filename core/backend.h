@@ -43,7 +43,36 @@ namespace tandem {
   void random(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double p1,        \
               double p2);                                                                           \
   /* dst += alpha * src, same shape, dst contiguous */                                             \
-  void add_inplace(const Tensor& dst, const Tensor& src, double alpha);
+  void add_inplace(const Tensor& dst, const Tensor& src, double alpha);                             \
+  /* NCHW, all contiguous; x (N, C, H, W), w (K, C/g, R, S), out (N, K, P, Q) */                   \
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& out, const Conv2dParams& p);   \
+  void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Tensor& grad_x,         \
+                             const Conv2dParams& p);                                                \
+  void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Tensor& grad_w,        \
+                              const Conv2dParams& p);                                               \
+  /* x (N, C, H, W), out (N, C, P, Q), contiguous */                                               \
+  void pool2d_forward(const Tensor& x, const Tensor& out, const Pool2dParams& p);                   \
+  void pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& out,                  \
+                       const Tensor& grad_x, const Pool2dParams& p);                                \
+  /* x, out (N, C, H, W) contiguous; per-channel (C,) tensors in the statistics dtype */           \
+  void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,       \
+                                   const Tensor& running_mean, const Tensor& running_var,           \
+                                   const Tensor& out, const Tensor& save_mean,                      \
+                                   const Tensor& save_invstd, double momentum, double eps);         \
+  void batch_norm_forward_inference(const Tensor& x, const Tensor& weight, const Tensor& bias,      \
+                                    const Tensor& running_mean, const Tensor& running_var,          \
+                                    const Tensor& out, double eps);                                 \
+  void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,           \
+                           const Tensor& save_mean, const Tensor& save_invstd,                      \
+                           const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias); \
+  /* fused optimizer steps over lists, one entry per tensor: params and grads (n_i) contiguous, */  \
+  /* of one float dtype, on one device; state (n_i) contiguous in optimizer_state_dtype(); */       \
+  /* momentum_buffers empty when h.momentum == 0 */                                                 \
+  void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,                \
+                const std::vector<Tensor>& momentum_buffers, const SgdHyper& h);                    \
+  void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,              \
+                  const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,        \
+                  const AdamWHyper& h);
 
 namespace cpu {
 TANDEM_BACKEND_KERNELS
@@ -59,6 +88,9 @@ void device_free(void* ptr, int device);
 void copy_host_to_device(void* dst, const void* src, size_t nbytes, int device);
 void copy_device_to_host(void* dst, const void* src, size_t nbytes, int device);
 void copy_device_to_device(void* dst, int dst_device, const void* src, int src_device, size_t nbytes);
+// Page-locked host memory: uploads from it are truly asynchronous.
+void* pinned_allocate(size_t nbytes);
+void pinned_free(void* ptr);
 }  // namespace cuda
 
 #undef TANDEM_BACKEND_KERNELS

@@ -36,4 +36,8 @@ enum class MatmulPrecision { highest, high };
 void set_matmul_precision(MatmulPrecision precision);
 MatmulPrecision matmul_precision();
 
+// Convolutions: time every cuDNN algorithm once per shape and keep the fastest (like
+// torch.backends.cudnn.benchmark), instead of taking cuDNN's heuristic choice. Off by default.
+void set_cudnn_benchmark(bool enabled);
+
 }  // namespace tandem::cuda

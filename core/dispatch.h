@@ -51,6 +51,10 @@ inline To convert(From v) {
     return v;
   } else if constexpr (std::is_same_v<To, bool>) {
     return static_cast<compute_t<From>>(v) != compute_t<From>(0);
+  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<compute_t<From>>) {
+    // Truncate through i64, so a negative value wraps into an unsigned type (as in PyTorch)
+    // instead of being undefined behaviour.
+    return static_cast<To>(static_cast<int64_t>(static_cast<compute_t<From>>(v)));
   } else {
     return To(static_cast<compute_t<To>>(static_cast<compute_t<From>>(v)));
   }

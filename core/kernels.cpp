@@ -265,20 +265,20 @@ Tensor flatten_batch(const Tensor& x) {
   int64_t batch = 1;
   for (int64_t d = 0; d < nb; ++d) batch *= x.shape()[d];
   Shape s = {batch, x.shape()[nb], x.shape()[nb + 1]};
-  // Collapsible when every batch stride is 0 (pure broadcast) or continues the next one.
+  // Collapsible when every batch stride is 0 (pure broadcast) or each continues the next
+  // non-trivial one. Size-1 dims are skipped: their stride can be anything (0 after a broadcast).
   bool all_zero = true;
   bool chained = true;
+  int64_t inner_batch = -1;  // innermost batch dim of size > 1
   for (int64_t d = 0; d < nb; ++d) {
     all_zero = all_zero && (x.strides()[d] == 0 || x.shape()[d] == 1);
-    if (d + 1 < nb && x.shape()[d] != 1 && x.strides()[d] != x.strides()[d + 1] * x.shape()[d + 1]) chained = false;
+    if (x.shape()[d] == 1) continue;
+    if (inner_batch >= 0 && x.strides()[inner_batch] != x.strides()[d] * x.shape()[d]) chained = false;
+    inner_batch = d;
   }
-  if (nb == 0) return x.as_strided(s, {0, x.strides()[0], x.strides()[1]}, x.offset());
+  if (nb == 0 || inner_batch < 0) return x.as_strided(s, {0, x.strides()[nb], x.strides()[nb + 1]}, x.offset());
   if (all_zero) return x.as_strided(s, {0, x.strides()[nb], x.strides()[nb + 1]}, x.offset());
-  if (chained) {
-    int64_t inner_batch = nb - 1;
-    while (inner_batch > 0 && x.shape()[inner_batch] == 1) --inner_batch;
-    return x.as_strided(s, {x.strides()[inner_batch], x.strides()[nb], x.strides()[nb + 1]}, x.offset());
-  }
+  if (chained) return x.as_strided(s, {x.strides()[inner_batch], x.strides()[nb], x.strides()[nb + 1]}, x.offset());
   Tensor c = contiguous(x);
   return c.as_strided(s, contiguous_strides(s), c.offset());
 }
@@ -314,6 +314,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   TANDEM_CHECK_AS(ValueError, index.dim() == 1, "index_select: index must be 1-D, got shape ", shape_str(index.shape()));
+  TANDEM_CHECK_AS(ValueError, x.dim() > 0 || index.numel() == 1, "index_select: a 0-dim tensor takes exactly one index, got ",
+                  index.numel());
   int64_t d = wrap_dim(dim, x.dim(), "index_select");
   Tensor idx = index_as_i64("index_select", index, x.device());
   Shape out_shape = x.shape();
@@ -397,6 +399,124 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   return out;
 }
 
+namespace {
+int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation) {
+  const int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
+  return span < 0 ? 0 : span / stride + 1;  // floor: C++ division would round a negative span up to 0
+}
+
+void check_nchw(const char* op, const Tensor& x) {
+  check_floating(op, x);
+  TANDEM_CHECK_AS(ValueError, x.dim() == 4, op, ": expected an (N, C, H, W) tensor, got shape ", shape_str(x.shape()));
+}
+
+// Statistics and affine parameters of batch norm are f32 for 16-bit inputs.
+DType stats_dtype(DType dtype) { return is_half(dtype) ? DType::f32 : dtype; }
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
+  check_nchw("conv2d", x);
+  check_same_device("conv2d", x, weight);
+  check_same_dtype("conv2d", x, weight);
+  TANDEM_CHECK_AS(ValueError, weight.dim() == 4, "conv2d: weight must be (K, C / groups, R, S), got shape ",
+                  shape_str(weight.shape()));
+  TANDEM_CHECK_AS(ValueError, p.groups >= 1 && p.stride_h >= 1 && p.stride_w >= 1 && p.dilation_h >= 1 &&
+                  p.dilation_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0,
+                  "conv2d: stride, dilation and groups must be >= 1 and padding >= 0");
+  const int64_t n = x.shape()[0], c = x.shape()[1], h = x.shape()[2], w = x.shape()[3];
+  const int64_t k = weight.shape()[0], r = weight.shape()[2], s = weight.shape()[3];
+  TANDEM_CHECK_AS(ValueError, c % p.groups == 0 && k % p.groups == 0 && weight.shape()[1] * p.groups == c,
+                  "conv2d: input ", shape_str(x.shape()), " has ", c, " channels but weight ", shape_str(weight.shape()),
+                  " with groups=", p.groups, " expects ", weight.shape()[1] * p.groups);
+  const int64_t out_h = conv_output_size(h, r, p.stride_h, p.pad_h, p.dilation_h);
+  const int64_t out_w = conv_output_size(w, s, p.stride_w, p.pad_w, p.dilation_w);
+  TANDEM_CHECK_AS(ValueError, out_h > 0 && out_w > 0, "conv2d: input ", shape_str(x.shape()), " is smaller than the ",
+                  r, "x", s, " kernel (with padding ", p.pad_h, "x", p.pad_w, " and dilation ", p.dilation_h, "x",
+                  p.dilation_w, ")");
+  Tensor out = empty({n, k, out_h, out_w}, x.options());
+  if (out.numel() == 0) return out;
+  TANDEM_ROUTE(x.device(), conv2d_forward, contiguous(x), contiguous(weight), out, p);
+  return out;
+}
+
+Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const Shape& input_shape,
+                             const Conv2dParams& p) {
+  Tensor grad_x = empty(input_shape, grad_out.options());
+  TANDEM_ROUTE(grad_out.device(), conv2d_backward_input, contiguous(grad_out), contiguous(weight), grad_x, p);
+  return grad_x;
+}
+
+Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Shape& weight_shape,
+                              const Conv2dParams& p) {
+  Tensor grad_w = empty(weight_shape, grad_out.options());
+  TANDEM_ROUTE(grad_out.device(), conv2d_backward_weight, contiguous(grad_out), contiguous(x), grad_w, p);
+  return grad_w;
+}
+
+Tensor pool2d(const Tensor& x, const Pool2dParams& p) {
+  const char* name = p.mode == PoolMode::max ? "max_pool2d" : "avg_pool2d";
+  check_nchw(name, x);
+  TANDEM_CHECK_AS(ValueError, p.kernel_h >= 1 && p.kernel_w >= 1 && p.stride_h >= 1 && p.stride_w >= 1, name,
+                  ": kernel and stride must be >= 1");
+  TANDEM_CHECK_AS(ValueError, p.pad_h >= 0 && 2 * p.pad_h <= p.kernel_h && p.pad_w >= 0 && 2 * p.pad_w <= p.kernel_w,
+                  name, ": padding must be at most half the kernel, got padding ", p.pad_h, "x", p.pad_w,
+                  " for kernel ", p.kernel_h, "x", p.kernel_w);
+  const int64_t out_h = conv_output_size(x.shape()[2], p.kernel_h, p.stride_h, p.pad_h, 1);
+  const int64_t out_w = conv_output_size(x.shape()[3], p.kernel_w, p.stride_w, p.pad_w, 1);
+  TANDEM_CHECK_AS(ValueError, out_h > 0 && out_w > 0, name, ": input ", shape_str(x.shape()), " is smaller than the ",
+                  p.kernel_h, "x", p.kernel_w, " window");
+  Tensor out = empty({x.shape()[0], x.shape()[1], out_h, out_w}, x.options());
+  if (out.numel() == 0) return out;
+  TANDEM_ROUTE(x.device(), pool2d_forward, contiguous(x), out, p);
+  return out;
+}
+
+Tensor pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& out, const Pool2dParams& p) {
+  Tensor grad_x = empty(x.shape(), x.options());
+  TANDEM_ROUTE(x.device(), pool2d_backward, contiguous(grad_out), contiguous(x), contiguous(out), grad_x, p);
+  return grad_x;
+}
+
+BatchNormForward batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                            const Tensor& running_var, bool training, double momentum, double eps) {
+  check_nchw("batch_norm", x);
+  const int64_t c = x.shape()[1];
+  DType stat = stats_dtype(x.dtype());
+  for (const Tensor* t : {&weight, &bias, &running_mean, &running_var}) {
+    TANDEM_CHECK_AS(ValueError, t->dim() == 1 && t->shape()[0] == c, "batch_norm: weight, bias and running statistics must be (",
+                    c, ",) for input ", shape_str(x.shape()), ", got shape ", shape_str(t->shape()));
+    TANDEM_CHECK_AS(TypeError, t->dtype() == stat, "batch_norm: weight, bias and running statistics must be ", stat,
+                    " for ", x.dtype(), " input, got ", t->dtype());
+    check_same_device("batch_norm", x, *t);
+    TANDEM_CHECK_AS(ValueError, t->is_contiguous(), "batch_norm: per-channel tensors must be contiguous");
+  }
+  if (training) {
+    TANDEM_CHECK_AS(ValueError, x.numel() / c > 1, "batch_norm: training needs more than one value per channel, got input ",
+                    shape_str(x.shape()));
+  }
+  BatchNormForward result;
+  result.out = empty(x.shape(), x.options());
+  Tensor xc = contiguous(x);
+  if (training) {
+    result.save_mean = empty({c}, TensorOptions(stat, x.device()));
+    result.save_invstd = empty({c}, TensorOptions(stat, x.device()));
+    TANDEM_ROUTE(x.device(), batch_norm_forward_training, xc, weight, bias, running_mean, running_var, result.out,
+                 result.save_mean, result.save_invstd, momentum, eps);
+  } else {
+    TANDEM_ROUTE(x.device(), batch_norm_forward_inference, xc, weight, bias, running_mean, running_var, result.out, eps);
+  }
+  return result;
+}
+
+BatchNormBackward batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                      const Tensor& save_mean, const Tensor& save_invstd) {
+  BatchNormBackward result{empty(x.shape(), x.options()), empty(weight.shape(), weight.options()),
+                           empty(weight.shape(), weight.options())};
+  TANDEM_ROUTE(x.device(), batch_norm_backward, contiguous(grad_out), contiguous(x), weight, save_mean, save_invstd,
+               result.grad_input, result.grad_weight, result.grad_bias);
+  return result;
+}
+
 void copy_(const Tensor& dst, const Tensor& src) {
   Tensor s = views::expand(src, dst.shape());
   if (dst.numel() == 0) return;
@@ -469,6 +589,93 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
 void mul_(const Tensor& dst, double value) {
   Tensor scaled = unary(UnaryOp::scale, dst, value);
   copy_(dst, scaled);
+}
+
+namespace {
+// The tensors of one fused optimizer update that share a device and a parameter dtype.
+struct UpdateGroup {
+  Device device;
+  DType dtype;
+  std::vector<Tensor> params, grads;
+  std::vector<std::vector<Tensor>> states;          // [role][tensor]
+  std::vector<std::pair<Tensor, Tensor>> write_back;  // (parameter, its contiguous working copy)
+};
+
+// Checks the lists of a fused optimizer update and splits them by device and dtype, with every
+// tensor contiguous: a parameter in another layout is updated through a copy written back after.
+std::vector<UpdateGroup> group_update(const char* op, const std::vector<Tensor>& params,
+                                      const std::vector<Tensor>& grads,
+                                      const std::vector<const std::vector<Tensor>*>& states) {
+  TANDEM_CHECK_AS(ValueError, grads.size() == params.size(), op, ": ", params.size(), " parameters but ",
+                  grads.size(), " gradients");
+  for (const std::vector<Tensor>* role : states) {
+    TANDEM_CHECK_AS(ValueError, role->size() == params.size(), op, ": ", params.size(), " parameters but ",
+                    role->size(), " state tensors in one of the state lists");
+  }
+  std::vector<UpdateGroup> groups;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    const Tensor& g = grads[i];
+    check_floating(op, p);
+    check_same_device(op, p, g);
+    check_same_dtype(op, p, g);
+    TANDEM_CHECK_AS(ValueError, g.shape() == p.shape(), op, ": gradient ", i, " has shape ", shape_str(g.shape()),
+                    " but its parameter has shape ", shape_str(p.shape()));
+    DType state_dtype = optimizer_state_dtype(p.dtype());
+    for (const std::vector<Tensor>* role : states) {
+      const Tensor& s = (*role)[i];
+      check_same_device(op, p, s);
+      TANDEM_CHECK_AS(TypeError, s.dtype() == state_dtype, op, ": state tensor ", i, " is ", s.dtype(), " but a ",
+                      p.dtype(), " parameter keeps its state in ", state_dtype);
+      TANDEM_CHECK_AS(ValueError, s.shape() == p.shape(), op, ": state tensor ", i, " has shape ",
+                      shape_str(s.shape()), " but its parameter has shape ", shape_str(p.shape()));
+      TANDEM_CHECK_AS(ValueError, s.is_contiguous(), op, ": state tensor ", i, " must be contiguous");
+    }
+    if (p.numel() == 0) continue;
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const UpdateGroup& u) { return u.device == p.device() && u.dtype == p.dtype(); });
+    if (it == groups.end()) {
+      groups.push_back(UpdateGroup{p.device(), p.dtype(), {}, {}, std::vector<std::vector<Tensor>>(states.size()), {}});
+      it = groups.end() - 1;
+    }
+    Tensor work = contiguous(p);
+    if (!work.is_same(p)) it->write_back.emplace_back(p, work);
+    it->params.push_back(work);
+    it->grads.push_back(contiguous(g));
+    for (size_t k = 0; k < states.size(); ++k) it->states[k].push_back((*states[k])[i]);
+  }
+  return groups;
+}
+
+void finish_update(const UpdateGroup& group) {
+  for (const auto& [param, work] : group.write_back) copy_(param, work);
+}
+}  // namespace
+
+void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+              const std::vector<Tensor>& momentum_buffers, const SgdHyper& h) {
+  bool momentum = h.momentum != 0.0;
+  TANDEM_CHECK_AS(ValueError, momentum || momentum_buffers.empty(),
+                  "sgd_step: momentum buffers given but the momentum is 0");
+  TANDEM_CHECK_AS(ValueError, !h.nesterov || (h.momentum > 0.0 && h.dampening == 0.0),
+                  "sgd_step: Nesterov momentum requires a momentum > 0 and zero dampening, got momentum ",
+                  h.momentum, " and dampening ", h.dampening);
+  std::vector<const std::vector<Tensor>*> states;
+  if (momentum) states.push_back(&momentum_buffers);
+  for (const UpdateGroup& g : group_update("sgd_step", params, grads, states)) {
+    const std::vector<Tensor>& buffers = momentum ? g.states[0] : momentum_buffers;
+    TANDEM_ROUTE(g.device, sgd_step, g.params, g.grads, buffers, h);
+    finish_update(g);
+  }
+}
+
+void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq, const AdamWHyper& h) {
+  TANDEM_CHECK_AS(ValueError, h.step >= 1, "adamw_step: the step number counts from 1, got ", h.step);
+  for (const UpdateGroup& g : group_update("adamw_step", params, grads, {&exp_avg, &exp_avg_sq})) {
+    TANDEM_ROUTE(g.device, adamw_step, g.params, g.grads, g.states[0], g.states[1], h);
+    finish_update(g);
+  }
 }
 
 }  // namespace kernels

@@ -2,6 +2,7 @@
 // Device-neutral kernels: the non-differentiable compute layer under autograd. Each function
 // checks its arguments, allocates the output, and hands contiguous or strided views to the
 // backend of the inputs' device (core/cpu/ or core/cuda/, see core/backend.h).
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -28,6 +29,53 @@ enum class BinaryOp {
 enum class ReduceOp { sum, mean, max, min, argmax, argmin };
 
 enum class RandomKind { uniform, normal, bernoulli };
+
+// 2-D convolution over NCHW tensors, as in torch.nn.functional.conv2d.
+struct Conv2dParams {
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+};
+
+enum class PoolMode { max, average };
+// 2-D pooling over NCHW tensors, as in torch.nn.functional.max_pool2d / avg_pool2d.
+struct Pool2dParams {
+  PoolMode mode = PoolMode::max;
+  int64_t kernel_h = 2, kernel_w = 2;
+  int64_t stride_h = 2, stride_w = 2;
+  int64_t pad_h = 0, pad_w = 0;
+  bool count_include_pad = true;  // average pooling: divide by the full window, padding included
+};
+
+// One SGD step, PyTorch's rule: g = grad + weight_decay * p; with momentum, buf = g on the first
+// step and buf = momentum * buf + (1 - dampening) * g after it; g = nesterov ? g + momentum * buf
+// : buf; p -= lr * g.
+struct SgdHyper {
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+  bool first_step = false;  // the momentum buffers hold nothing yet: they are set to g, not read
+};
+
+// One AdamW step, PyTorch's rule: p *= 1 - lr * weight_decay; m = beta1 m + (1 - beta1) g;
+// v = beta2 v + (1 - beta2) g^2; p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), where
+// bc1 = 1 - beta1^step and bc2 = 1 - beta2^step.
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  int64_t step = 1;  // the number of this step, counting from 1
+  double bias_correction1() const { return 1.0 - std::pow(beta1, static_cast<double>(step)); }
+  double bias_correction2() const { return 1.0 - std::pow(beta2, static_cast<double>(step)); }
+};
+
+// The dtype of optimizer state (momentum, moments): f32 for 16-bit parameters, else theirs.
+inline DType optimizer_state_dtype(DType param) { return is_half(param) ? DType::f32 : param; }
 
 const char* unary_op_name(UnaryOp op);
 const char* binary_op_name(BinaryOp op);
@@ -74,6 +122,32 @@ Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const T
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
 
+// ---- convolution, pooling, batch norm (NCHW) ----
+// x (N, C, H, W), weight (K, C / groups, R, S) -> (N, K, P, Q). No bias: add it by broadcasting.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& params);
+Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const Shape& input_shape,
+                             const Conv2dParams& params);
+Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Shape& weight_shape,
+                              const Conv2dParams& params);
+Tensor pool2d(const Tensor& x, const Pool2dParams& params);
+Tensor pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& out, const Pool2dParams& params);
+
+// Batch norm over (N, H, W) per channel of x (N, C, H, W). weight, bias, running stats: (C,) in
+// f32 (f64 for f64 inputs). In training the batch statistics normalise and update the running
+// ones (running = (1 - momentum) * running + momentum * batch, with the unbiased variance).
+struct BatchNormForward {
+  Tensor out;         // like x
+  Tensor save_mean;   // (C,) batch mean (training) or empty
+  Tensor save_invstd; // (C,) 1 / sqrt(batch var + eps) (training) or empty
+};
+BatchNormForward batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                            const Tensor& running_var, bool training, double momentum, double eps);
+struct BatchNormBackward {
+  Tensor grad_input, grad_weight, grad_bias;
+};
+BatchNormBackward batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                      const Tensor& save_mean, const Tensor& save_invstd);
+
 // Copies src into dst elementwise (same shape; casts dtype; any strides; any devices).
 void copy_(const Tensor& dst, const Tensor& src);
 void fill_(const Tensor& dst, double value);
@@ -89,6 +163,16 @@ void random_(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset,
 // In-place updates used by optimizers and gradient accumulation (no autograd).
 void add_(const Tensor& dst, const Tensor& src, double alpha = 1.0);  // dst += alpha * src
 void mul_(const Tensor& dst, double value);                            // dst *= value
+
+// Fused optimizer updates over lists of tensors, in place (see SgdHyper, AdamWHyper). Every list
+// has one entry per parameter, on the parameter's device: grads in the parameter's dtype and
+// shape, state in optimizer_state_dtype() and contiguous. Parameters may have different dtypes
+// and devices (one fused update per device and dtype) and any layout. momentum_buffers is empty
+// when h.momentum is 0.
+void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+              const std::vector<Tensor>& momentum_buffers, const SgdHyper& h);
+void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq, const AdamWHyper& h);
 
 }  // namespace kernels
 }  // namespace tandem

@@ -38,6 +38,12 @@ Storage Storage::allocate(size_t nbytes, Device device) {
   return wrap(p, nbytes, device, [index](void* q) { cuda::device_free(q, index); });
 }
 
+Storage Storage::allocate_pinned(size_t nbytes) {
+  Storage s = wrap(cuda::pinned_allocate(nbytes), nbytes, Device(), [](void* p) { cuda::pinned_free(p); });
+  s.impl_->pinned = true;
+  return s;
+}
+
 Storage Storage::wrap(void* data, size_t nbytes, Device device, std::function<void(void*)> release) {
   Storage s;
   s.impl_ = std::make_shared<Impl>();

@@ -14,6 +14,8 @@ class Storage {
   Storage() = default;
   // Allocates `nbytes` on `device` through that device's allocator.
   static Storage allocate(size_t nbytes, Device device);
+  // Page-locked host memory (needs the CUDA backend): copies from it to a GPU do not block.
+  static Storage allocate_pinned(size_t nbytes);
   // Wraps memory owned elsewhere; `release` is called once when the last reference goes.
   static Storage wrap(void* data, size_t nbytes, Device device, std::function<void(void*)> release);
 
@@ -23,6 +25,7 @@ class Storage {
   bool defined() const { return impl_ != nullptr; }
   long use_count() const { return impl_.use_count(); }
   bool is_same(const Storage& other) const { return impl_ == other.impl_; }
+  bool is_pinned() const { return impl_ && impl_->pinned; }
 
  private:
   struct Impl {
@@ -30,6 +33,7 @@ class Storage {
     size_t nbytes = 0;
     Device device;
     std::function<void(void*)> release;
+    bool pinned = false;
     ~Impl();
   };
   std::shared_ptr<Impl> impl_;

@@ -13,7 +13,7 @@ bool layout_is_contiguous(const Shape& shape, const Strides& strides) {
   for (size_t i = shape.size(); i-- > 0;) {
     if (shape[i] == 1) continue;  // the stride of a size-1 dim never matters
     if (strides[i] != expected) return false;
-    expected *= shape[i];
+    expected *= std::max<int64_t>(shape[i], 1);
   }
   return true;
 }
@@ -65,6 +65,19 @@ void* Tensor::data_ptr() const {
 
 Tensor Tensor::as_strided(Shape shape, Strides strides, int64_t offset) const {
   return Tensor(storage(), std::move(shape), std::move(strides), offset, dtype());
+}
+
+void Tensor::set_data(const Tensor& source) const {
+  Impl& self = impl();
+  const Impl& other = source.impl();
+  if (&self == &other) return;
+  self.storage = other.storage;
+  self.shape = other.shape;
+  self.strides = other.strides;
+  self.offset = other.offset;
+  self.numel = other.numel;
+  self.dtype = other.dtype;
+  self.contiguous = other.contiguous;
 }
 
 std::vector<double> Tensor::to_double_vector() const {
@@ -140,6 +153,14 @@ Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, Tenso
 
 Tensor tensor(std::initializer_list<double> values, TensorOptions options) {
   return from_vector(std::vector<double>(values), {}, options);
+}
+
+Tensor pin_memory(const Tensor& t) {
+  TANDEM_CHECK_AS(DeviceError, t.device().is_cpu(), "pin_memory: only cpu tensors can be pinned, got one on ", t.device());
+  Storage storage = Storage::allocate_pinned(t.nbytes());
+  Tensor pinned(std::move(storage), t.shape(), contiguous_strides(t.shape()), 0, t.dtype());
+  kernels::copy_(pinned, t);
+  return pinned;
 }
 
 Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.options()); }

@@ -51,6 +51,7 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
   bool is_contiguous() const { return impl().contiguous; }  // row-major, no gaps (cached)
   const Storage& storage() const { return impl().storage; }
+  bool is_pinned() const { return impl().storage.is_pinned(); }
   TensorOptions options() const { return TensorOptions(dtype(), device()); }
 
   // Address of the first element. data<T>() checks that T matches the dtype.
@@ -64,6 +65,9 @@ class Tensor {
 
   // A view of the same storage with another layout (no copy, no autograd).
   Tensor as_strided(Shape shape, Strides strides, int64_t offset) const;
+  // Makes this tensor (every handle to it) refer to `source`'s data and layout, keeping its
+  // autograd state. How a module moves its parameters to another device or dtype in place.
+  void set_data(const Tensor& source) const;
   // True when both handles point at the same metadata.
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
   long use_count() const { return impl_.use_count(); }
@@ -129,6 +133,10 @@ Tensor from_vector(const std::vector<float>& values, const Shape& shape = {}, Te
 Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape = {},
                    TensorOptions options = DType::i64);
 Tensor tensor(std::initializer_list<double> values, TensorOptions options = {});
+// A contiguous copy of a cpu tensor in page-locked memory, for asynchronous uploads to a GPU.
+// An upload from it returns before the copy has run: do not write into the pinned tensor again
+// until the device's stream has passed the copy (cuda::synchronize, or an event).
+Tensor pin_memory(const Tensor& t);
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);

@@ -57,6 +57,7 @@ Tensor t(const Tensor& x) {
 }
 
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
+  TANDEM_CHECK_AS(IndexError, x.dim() > 0, "slice: cannot be applied to a 0-dim tensor");
   int64_t d = wrap_dim(dim, x.dim(), "slice");
   int64_t size = x.shape()[d];
   TANDEM_CHECK_AS(ValueError, step > 0, "slice: step must be positive, got ", step);
@@ -73,7 +74,8 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
   return record(out, "slice", {x}, [input = x.shape(), d, start, step, length](const Tensor& g) -> std::vector<Tensor> {
     // Zeros everywhere but the sliced positions, which receive g.
     Tensor grad = zeros(input, g.options());
-    Tensor target = views::narrow(grad, d, start, (length - 1) * step + (length > 0 ? 1 : 0));
+    // The span from the first to the last picked element (none for an empty slice).
+    Tensor target = views::narrow(grad, d, start, length > 0 ? (length - 1) * step + 1 : 0);
     Strides s = target.strides();
     Shape sh = target.shape();
     s[d] *= step;

@@ -46,6 +46,8 @@ __host__ __device__ __forceinline__ To cast_to(From v) {
     return __float2half_rn(static_cast<float>(v));
   } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
     return __float2bfloat16_rn(static_cast<float>(v));
+  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
+    return static_cast<To>(static_cast<int64_t>(v));  // wraps into unsigned types, as on the CPU
   } else {
     return static_cast<To>(v);
   }

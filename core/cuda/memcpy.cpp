@@ -27,4 +27,17 @@ void copy_device_to_device(void* dst, int dst_device, const void* src, int src_d
   TANDEM_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, current_stream(dst_device)));
 }
 
+void* pinned_allocate(size_t nbytes) {
+  void* p = nullptr;
+  cudaError_t status = cudaHostAlloc(&p, nbytes == 0 ? 1 : nbytes, cudaHostAllocDefault);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    TANDEM_THROW(OutOfMemoryError, "could not allocate ", nbytes, " bytes of pinned host memory");
+  }
+  TANDEM_CUDA_CHECK(status);
+  return p;
+}
+
+void pinned_free(void* ptr) { cudaFreeHost(ptr); }  // no throw: called from destructors
+
 }  // namespace tandem::cuda

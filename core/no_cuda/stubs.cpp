@@ -25,11 +25,14 @@ void empty_cache(int) { no_cuda("empty_cache"); }
 void set_poison_allocations(bool) {}
 void set_matmul_precision(MatmulPrecision) {}
 MatmulPrecision matmul_precision() { return MatmulPrecision::highest; }
+void set_cudnn_benchmark(bool) {}
 void* device_allocate(size_t, int) { no_cuda("allocating cuda memory"); }
 void device_free(void*, int) {}
 void copy_host_to_device(void*, const void*, size_t, int) { no_cuda("copy to cuda"); }
 void copy_device_to_host(void*, const void*, size_t, int) { no_cuda("copy from cuda"); }
 void copy_device_to_device(void*, int, const void*, int, size_t) { no_cuda("copy between cuda devices"); }
+void* pinned_allocate(size_t) { no_cuda("pinned host memory"); }
+void pinned_free(void*) {}
 
 void unary(UnaryOp op, const Tensor&, const Tensor&, double, double) { no_cuda(unary_op_name(op)); }
 void binary(BinaryOp op, const Tensor&, const Tensor&, const Tensor&) { no_cuda(binary_op_name(op)); }
@@ -53,5 +56,35 @@ void gather(const Tensor&, const Tensor&, const Tensor&) { no_cuda("gather"); }
 void scatter_add(const Tensor&, const Tensor&, const Tensor&) { no_cuda("scatter_add"); }
 void random(const Tensor&, RandomKind, uint64_t, uint64_t, double, double) { no_cuda("random"); }
 void add_inplace(const Tensor&, const Tensor&, double) { no_cuda("add_"); }
+void conv2d_forward(const Tensor&, const Tensor&, const Tensor&, const Conv2dParams&) { no_cuda("conv2d"); }
+void conv2d_backward_input(const Tensor&, const Tensor&, const Tensor&, const Conv2dParams&) {
+  no_cuda("conv2d_backward_input");
+}
+void conv2d_backward_weight(const Tensor&, const Tensor&, const Tensor&, const Conv2dParams&) {
+  no_cuda("conv2d_backward_weight");
+}
+void pool2d_forward(const Tensor&, const Tensor&, const Pool2dParams&) { no_cuda("pool2d"); }
+void pool2d_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Pool2dParams&) {
+  no_cuda("pool2d_backward");
+}
+void batch_norm_forward_training(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, const Tensor&, const Tensor&, double, double) {
+  no_cuda("batch_norm");
+}
+void batch_norm_forward_inference(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                  const Tensor&, double) {
+  no_cuda("batch_norm");
+}
+void batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const Tensor&) {
+  no_cuda("batch_norm_backward");
+}
+void sgd_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&, const SgdHyper&) {
+  no_cuda("sgd_step");
+}
+void adamw_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
+                const std::vector<Tensor>&, const AdamWHyper&) {
+  no_cuda("adamw_step");
+}
 
 }  // namespace tandem::cuda

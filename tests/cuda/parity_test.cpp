@@ -93,7 +93,7 @@ std::vector<Case> cases() {
       unary("relu", [](const Tensor& x) { return relu(x); }),
       unary("gelu", [](const Tensor& x) { return gelu(x); }),
       unary("gelu_tanh", [](const Tensor& x) { return gelu(x, GeluApproximate::tanh); }),
-      unary("clamp", [](const Tensor& x) { return clamp(x, -0.7, 1.1); }),
+      unary("clamp", [](const Tensor& x) { return clamp(x, -0.75, 1.125); }),  // bounds exact in bf16
       unary("pow_scalar", [](const Tensor& x) { return pow(x, 2.5); }, 0.2, 2.0),
       unary("square", [](const Tensor& x) { return pow(x, 2.0); }),
       unary("scale", [](const Tensor& x) { return x * 0.375; }),
@@ -142,6 +142,44 @@ std::vector<Case> cases() {
            [](V x) { return gather(x[0], 1, x[1]); }},
       Case{"cat_stack", {InputSpec{{4, 6}, {4, 6}}, InputSpec{{4, 6}, {1, 6}}},
            [](V x) { return cat({x[0], reshape(stack({x[0], expand(x[1], {4, 6})}, 0), {8, 6})}, 0); }},
+      Case{"conv2d_grouped_strided",
+           {InputSpec{{2, 4, 9, 9}, {2, 4, 9, 9}}, InputSpec{{6, 2, 3, 3}, {6, 2, 3, 3}}, InputSpec{{6}, {6}}},
+           [](V x) {
+             Conv2dParams p;
+             p.stride_h = p.stride_w = 2;
+             p.pad_h = p.pad_w = 1;
+             p.groups = 2;
+             return conv2d(x[0], x[1], x[2], p);
+           }, true, 8},
+      Case{"conv2d_dilated_1x1", {InputSpec{{3, 5, 8, 8}, {3, 5, 8, 8}}, InputSpec{{4, 5, 1, 1}, {4, 5, 1, 1}}},
+           [](V x) { return conv2d(x[0], x[1]); }, true, 4},
+      Case{"conv2d_dilated", {InputSpec{{2, 3, 11, 11}, {2, 3, 11, 11}}, InputSpec{{4, 3, 3, 3}, {4, 3, 3, 3}}},
+           [](V x) {
+             Conv2dParams p;
+             p.dilation_h = p.dilation_w = 2;
+             p.pad_h = 2;
+             return conv2d(x[0], x[1], Tensor(), p);
+           }, true, 8},
+      Case{"max_pool2d", {InputSpec{{2, 3, 9, 9}, {2, 3, 9, 9}}}, [](V x) { return max_pool2d(x[0], 3, 2, 1); }},
+      Case{"avg_pool2d", {InputSpec{{2, 3, 8, 8}, {2, 3, 8, 8}}}, [](V x) { return avg_pool2d(x[0], 2); }},
+      Case{"avg_pool2d_pad_exclude", {InputSpec{{2, 3, 7, 7}, {2, 3, 7, 7}}},
+           [](V x) { return avg_pool2d(x[0], 3, 2, 1, false); }},
+      Case{"batch_norm_train", {InputSpec{{4, 3, 5, 5}, {4, 3, 5, 5}}, InputSpec{{3}, {3}}, InputSpec{{3}, {3}}},
+           [](V x) {
+             DType stat = x[0].dtype() == DType::f64 ? DType::f64 : DType::f32;
+             TensorOptions o(stat, x[0].device());
+             Tensor running_mean = zeros({3}, o), running_var = ones({3}, o);
+             Tensor y = batch_norm(x[0], to(x[1], stat), to(x[2], stat), running_mean, running_var, true, 0.1, 1e-5);
+             // The running statistics are part of the result: compare them too.
+             return cat({flatten(to(y, stat)), running_mean, running_var}, 0);
+           }, true, 4},
+      Case{"batch_norm_eval", {InputSpec{{4, 3, 5, 5}, {4, 3, 5, 5}}, InputSpec{{3}, {3}}, InputSpec{{3}, {3}}},
+           [](V x) {
+             DType stat = x[0].dtype() == DType::f64 ? DType::f64 : DType::f32;
+             TensorOptions o(stat, x[0].device());
+             Tensor running_mean = full({3}, 0.25, o), running_var = full({3}, 1.5, o);
+             return batch_norm(x[0], to(x[1], stat), to(x[2], stat), running_mean, running_var, false);
+           }, true, 2},
       Case{"copy_contiguous", {InputSpec{{7, 19}, {1, 19}}}, [](V x) { return contiguous(x[0]) * 1.0; }},
   };
   return c;

@@ -1,0 +1,124 @@
+#pragma once
+// Optimizers over parameter groups, like torch.optim. An optimizer holds groups of parameters,
+// each with its own hyper-parameters (changeable between steps), and a state per parameter
+// (momentum buffers, moments, step counts) created at the parameter's first update. step()
+// updates every parameter that has a gradient in place: the parameter's storage is written, the
+// Tensor handle (and every view of it) stays valid.
+//
+// The updates are the fused multi-tensor kernels of core/kernels.h (kernels::sgd_step,
+// kernels::adamw_step): one launch per group, device and dtype on a GPU. State is f32 for 16-bit
+// parameters (kernels::optimizer_state_dtype), the parameter's dtype otherwise.
+//
+// Mixed precision, by design: f32 master weights for 16-bit parameters would be one more state
+// tensor per parameter ("master", f32, created from the parameter at its first update) and one
+// more role in the fused kernels. The kernel reads the 16-bit gradient and the f32 master,
+// updates master and moments in f32, and writes the master rounded to 16 bits into the
+// parameter, so the parameter is only ever stored to. A GradScaler adds two 0-dim device
+// tensors to the kernels' arguments: a found-inf flag, set by a multi-tensor check of the
+// gradients that runs before the step, and 1 / scale. Each block returns at once when the flag is
+// set and otherwise multiplies every gradient by 1 / scale as it loads it, so a skipped step costs
+// no host round trip. The master copies go into state_dict as "state.<param>.master".
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tandem/core/tensor.h"
+
+namespace tandem::optim {
+
+// Parameters that share hyper-parameters. The optimizer-specific ones live in the optimizer's
+// group type (SgdGroup, AdamWGroup), reached through SGD::group(i) or AdamW::group(i).
+struct ParamGroup {
+  std::vector<Tensor> params;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  // What learning-rate schedules scale from (PyTorch's group["initial_lr"]): negative until a
+  // schedule first sets this group's lr, which records the lr the group had then.
+  double initial_lr = -1.0;
+
+  virtual ~ParamGroup() = default;
+};
+
+// An optimizer's state as named tensors and numbers. Parameters are numbered across groups in
+// order, as in PyTorch. Tensors: "state.<param>.<name>", e.g. "state.3.exp_avg". Metadata:
+// "num_param_groups"; per group "param_groups.<g>.num_params" and one entry per hyper-parameter
+// ("param_groups.<g>.lr", ".weight_decay", ".initial_lr", ".momentum", ...; flags as 0 or 1);
+// per parameter "state.<param>.step" for optimizers that count steps. Every value is a number,
+// so the metadata writes as one flat JSON object.
+struct StateDict {
+  std::string optimizer;  // "SGD", "AdamW": what load_state_dict expects
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, double> metadata;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  virtual const char* name() const = 0;
+
+  // One update of every parameter that has a gradient; parameters without one are skipped.
+  void step();
+  // set_to_none drops the gradients (the next backward creates new ones); otherwise they are
+  // zeroed in place, which keeps gradient buffers that are views (DDP's buckets) valid.
+  void zero_grad(bool set_to_none = true);
+
+  size_t num_param_groups() const { return groups_.size(); }
+  ParamGroup& param_group(size_t index);
+  const ParamGroup& param_group(size_t index) const;
+  std::vector<Tensor> params() const;  // every group's, in order
+
+  // The tensors are the optimizer's own state buffers, not copies: clone or save them before the
+  // next step if they must not change.
+  StateDict state_dict() const;
+  // Restores hyper-parameters and state saved by state_dict() of the same kind of optimizer over
+  // parameters of the same groups, shapes and dtypes. Checks everything before changing anything;
+  // the tensors are copied onto each parameter's device.
+  void load_state_dict(const StateDict& state);
+
+ protected:
+  Optimizer() = default;
+
+  // One parameter's state: named buffers (contiguous, in kernels::optimizer_state_dtype) and, for
+  // optimizers that count them, the steps taken.
+  struct ParamState {
+    std::map<std::string, Tensor> buffers;
+    int64_t step = 0;
+  };
+  // A parameter that has a gradient, handed to update().
+  struct Item {
+    Tensor param;
+    Tensor grad;
+    ParamState* state;
+  };
+
+  // Checks the group (floating-point leaf tensors, none already in this optimizer, valid
+  // hyper-parameters) and appends it.
+  ParamGroup& add_group(std::unique_ptr<ParamGroup> group);
+
+  // ---- what each optimizer provides ----
+  // Updates the items of one group (all with gradients of their parameter's shape and dtype).
+  virtual void update(ParamGroup& group, const std::vector<Item>& items) = 0;
+  // Throws a ValueError naming a hyper-parameter out of range.
+  virtual void check_group(const ParamGroup& group) const = 0;
+  // The names of the state buffers a parameter has once updated.
+  virtual std::vector<std::string> state_names() const = 0;
+  virtual bool counts_steps() const = 0;
+  // The group's optimizer-specific hyper-parameters by name, and how to set one.
+  virtual std::vector<std::pair<std::string, double>> hyper_parameters(const ParamGroup& group) const = 0;
+  virtual void set_hyper_parameter(ParamGroup& group, const std::string& name, double value) const = 0;
+
+ private:
+  std::vector<std::pair<std::string, double>> all_hyper_parameters(const ParamGroup& group) const;
+  void set_any_hyper_parameter(ParamGroup& group, const std::string& name, double value) const;
+
+  std::vector<std::unique_ptr<ParamGroup>> groups_;
+  std::vector<std::vector<ParamState>> state_;  // [group][parameter]
+};
+
+}  // namespace tandem::optim
