@@ -12,6 +12,9 @@
 namespace tandem::autograd {
 
 namespace {
+// Callbacks queued during the backward running on this thread; null outside a backward.
+thread_local std::vector<std::function<void()>>* pending_callbacks = nullptr;
+
 struct LaterFirst {
   bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
     return a->sequence_nr() < b->sequence_nr();
@@ -60,6 +63,13 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
                   root.dtype(), " on ", root.device());
 
   NoGradGuard no_grad;  // the backward computation itself is not recorded
+  std::vector<std::function<void()>> callbacks;
+  std::vector<std::function<void()>>* outer_callbacks = pending_callbacks;
+  pending_callbacks = &callbacks;
+  struct Restore {
+    std::vector<std::function<void()>>* outer;
+    ~Restore() { pending_callbacks = outer; }
+  } restore{outer_callbacks};
   std::shared_ptr<Node> root_node = gradient_edge(root);
   std::unordered_map<Node*, int> deps = count_dependencies(root_node);
   std::unordered_map<Node*, Tensor> buffers{{root_node.get(), gradient.detach()}};
@@ -104,6 +114,16 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
       }
     }
   }
+  // Callbacks may queue more callbacks; run until none are left.
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    std::function<void()> fn = std::move(callbacks[i]);
+    fn();
+  }
+}
+
+void queue_callback(std::function<void()> fn) {
+  TANDEM_CHECK(pending_callbacks != nullptr, "queue_callback: no backward pass is running on this thread");
+  pending_callbacks->push_back(std::move(fn));
 }
 
 }  // namespace tandem::autograd

@@ -92,4 +92,8 @@ inline Tensor saved(const Tensor& t) { return t.detach(); }
 // Runs backward from `root` with d(root)/d(root) = `gradient`.
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
 
+// Queues fn to run once the backward pass in progress (on this thread) has finished: what DDP
+// uses to wait for its last buckets. Only valid from inside a backward (e.g. from a hook).
+void queue_callback(std::function<void()> fn);
+
 }  // namespace tandem::autograd

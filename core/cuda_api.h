@@ -30,6 +30,26 @@ void empty_cache(int device = 0);
 // that leaves an output element unwritten shows up as NaN.
 void set_poison_allocations(bool enabled);
 
+// A CUDA event, usable without CUDA headers: marks a point in a device's current stream, to
+// time device work or wait for it.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(int device);                   // on the device's current stream
+  void wait(int device) const;               // the device's current stream waits for it (host does not block)
+  void synchronize() const;                  // the host waits for it
+  bool query() const;                        // reached yet?
+  double elapsed_ms(const Event& end) const;  // both recorded and reached
+  bool recorded() const { return recorded_; }
+
+ private:
+  void* handle_ = nullptr;
+  bool recorded_ = false;
+};
+
 // f32 matrix products: "highest" keeps full f32; "high" lets cuBLASLt use TF32 tensor cores
 // (like torch.set_float32_matmul_precision).
 enum class MatmulPrecision { highest, high };

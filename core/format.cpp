@@ -14,7 +14,11 @@ constexpr int64_t kElideAbove = 1000;  // tensors with more elements are elided
 void print_value(std::ostream& out, double v, DType dtype) {
   if (dtype == DType::boolean) out << (v != 0 ? "true" : "false");
   else if (!is_floating(dtype)) out << static_cast<int64_t>(v);
-  else out << std::setprecision(6) << v;
+  else {
+    std::ostringstream text;  // keeps the caller's stream settings untouched
+    text << std::setprecision(6) << v;
+    out << text.str();
+  }
 }
 
 void print_dim(std::ostream& out, const std::vector<double>& values, const Shape& shape, const Strides& strides,

@@ -152,11 +152,12 @@ Tensor reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims_in,
   std::vector<int64_t> dims = reduction_dims(dims_in, x.dim(), name);
   bool flatten = arg && dims_in.empty();  // argmax over all elements indexes the flattened tensor
   Shape out_shape = flatten ? (keepdim ? Shape(x.dim(), 1) : Shape{}) : reduced_shape(x.shape(), dims, keepdim);
-  TANDEM_CHECK_AS(ValueError, x.numel() > 0 || op == ReduceOp::sum || op == ReduceOp::mean, name,
-                  ": cannot reduce an empty tensor (shape ", shape_str(x.shape()), ")");
+  TANDEM_CHECK_AS(ValueError, !flatten || x.numel() > 0, name, ": cannot reduce an empty tensor (shape ",
+                  shape_str(x.shape()), ")");
   for (int64_t d : dims) {
     TANDEM_CHECK_AS(ValueError, x.shape()[d] > 0 || op == ReduceOp::sum || op == ReduceOp::mean, name,
-                    ": cannot reduce over dim ", d, " of size 0");
+                    ": cannot reduce over dim ", d, " of size 0 (an empty tensor of shape ", shape_str(x.shape()),
+                    "): the result would have no value");
   }
 
   // Bring the tensor to (outer, reduced, inner): free when the reduced dims are adjacent in a

@@ -230,13 +230,13 @@ SafetensorsFile materialize(Header header, const std::function<void(const Entry&
 // ---- writing ----
 
 struct Plan {
-  std::string header;  // JSON, padded with spaces to a multiple of 8
+  std::string header;                                        // JSON, padded with spaces to a multiple of 8
   std::vector<const std::pair<std::string, Tensor>*> order;  // sorted by name
   uint64_t data_bytes = 0;
 };
 
-Plan plan(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::map<std::string, std::string>& metadata,
-          const char* op) {
+Plan plan(const std::vector<std::pair<std::string, Tensor>>& tensors,
+          const std::map<std::string, std::string>& metadata, const char* op) {
   Plan p;
   for (const auto& named : tensors) {
     TANDEM_CHECK_AS(ValueError, named.first != kMetadataKey, op, ": '", kMetadataKey,
@@ -375,7 +375,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
     }
   };
 
-  TANDEM_CHECK_AS(ValueError, size >= 8, where(path), "file is ", size, " bytes, shorter than the 8-byte header length");
+  TANDEM_CHECK_AS(ValueError, size >= 8, where(path), "file is ", size,
+                  " bytes, shorter than the 8-byte header length");
   uint8_t first8[8];
   read_at(first8, 8, 0);
   uint64_t n = header_length(first8, size, path);
@@ -384,8 +385,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
   Header header = parse_header(text.data(), n, size - 8 - n, path);
   uint64_t data_start = 8 + n;
   return materialize(
-      std::move(header), [&](const Entry& e, void* dst) { read_at(dst, e.end - e.begin, data_start + e.begin); },
-      path);
+      std::move(header), [&](const Entry& e, void* dst) { read_at(dst, e.end - e.begin, data_start + e.begin); }, path);
 }
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,

@@ -86,6 +86,12 @@ std::vector<double> Tensor::to_double_vector() const {
   return std::vector<double>(p, p + host.numel());
 }
 
+std::vector<int64_t> Tensor::to_int64_vector() const {
+  Tensor host = kernels::contiguous(kernels::to_dtype(kernels::to_device(*this, Device()), DType::i64));
+  const int64_t* p = host.data<int64_t>();
+  return std::vector<int64_t>(p, p + host.numel());
+}
+
 double Tensor::item_double() const {
   TANDEM_CHECK_AS(ValueError, numel() == 1, "item(): the tensor has ", numel(), " elements (shape ",
                   shape_str(shape()), "), expected exactly one");

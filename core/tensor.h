@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <ostream>
+#include <type_traits>
 #include <vector>
 
 #include "tandem/core/device.h"
@@ -75,15 +76,25 @@ class Tensor {
   // The single value of a one-element tensor, converted to T (copies from the device if needed).
   template <typename T = double>
   T item() const {
+    if constexpr (std::is_integral_v<T>) {
+      if (!is_floating(dtype())) return static_cast<T>(to_vector<int64_t>().at(0));
+    }
     return static_cast<T>(item_double());
   }
   // All values in row-major order, converted to T (copies from the device if needed).
   template <typename T>
   std::vector<T> to_vector() const {
+    if constexpr (std::is_integral_v<T>) {
+      if (!is_floating(dtype())) {  // exact for every 64-bit value, unlike a trip through double
+        std::vector<int64_t> values = to_int64_vector();
+        return std::vector<T>(values.begin(), values.end());
+      }
+    }
     std::vector<double> values = to_double_vector();
     return std::vector<T>(values.begin(), values.end());
   }
   std::vector<double> to_double_vector() const;
+  std::vector<int64_t> to_int64_vector() const;
   double item_double() const;
 
   // ---- autograd (defined in autograd/tensor_autograd.cpp) ----

@@ -76,14 +76,14 @@ class GzipSource : public ByteSource {
           done_ = true;
           continue;
         }
-        TANDEM_CHECK_AS(ValueError, left >= 2 && zs_.next_in[0] == 0x1f && zs_.next_in[1] == 0x8b, where(source_),
-                        left, " bytes after the end of the gzip stream are not another gzip member");
+        TANDEM_CHECK_AS(ValueError, left >= 2 && zs_.next_in[0] == 0x1f && zs_.next_in[1] == 0x8b, where(source_), left,
+                        " bytes after the end of the gzip stream are not another gzip member");
         TANDEM_CHECK_AS(BackendError, inflateReset(&zs_) == Z_OK, where(source_), "inflateReset failed");
       } else if (ret == Z_BUF_ERROR) {
         TANDEM_CHECK_AS(ValueError, left > 0, where(source_), "the gzip data ends early (truncated .gz file)");
       } else {
-        TANDEM_CHECK_AS(ValueError, ret == Z_OK, where(source_), "corrupt gzip data: ",
-                        zs_.msg != nullptr ? zs_.msg : "inflate failed");
+        TANDEM_CHECK_AS(ValueError, ret == Z_OK, where(source_),
+                        "corrupt gzip data: ", zs_.msg != nullptr ? zs_.msg : "inflate failed");
       }
     }
     return produced;
@@ -201,8 +201,8 @@ Tensor parse_stream(ByteSource& in, uint64_t stored_size, const std::string& sou
   }
   uint64_t expected = numel * type->size;
   uint64_t header = 4 + 4 * static_cast<uint64_t>(ndims);
-  std::string described = detail::concat("sizes ", shape_str(shape), " of ", type->name, " need ", expected,
-                                         " bytes of data");
+  std::string described =
+      detail::concat("sizes ", shape_str(shape), " of ", type->name, " need ", expected, " bytes of data");
 
   // Fill a buffer as the bytes arrive, so a header that lies about its sizes costs no memory.
   std::vector<uint8_t> bytes;
@@ -326,19 +326,19 @@ FashionMnist load_fashion_mnist(const std::string& dir, bool train) {
   std::string labels_path = find_file(d, prefix + "-labels-idx1-ubyte");
   Tensor images = read_idx(images_path);
   Tensor labels = read_idx(labels_path);
-  TANDEM_CHECK_AS(ValueError, images.dtype() == DType::u8 && images.dim() == 3 && images.size(1) == 28 &&
-                                  images.size(2) == 28,
+  TANDEM_CHECK_AS(ValueError,
+                  images.dtype() == DType::u8 && images.dim() == 3 && images.size(1) == 28 && images.size(2) == 28,
                   "load_fashion_mnist: '", images_path, "' holds ", images.dtype(), " ", shape_str(images.shape()),
                   ", expected u8 (N, 28, 28) images");
   TANDEM_CHECK_AS(ValueError, labels.dtype() == DType::u8 && labels.dim() == 1, "load_fashion_mnist: '", labels_path,
                   "' holds ", labels.dtype(), " ", shape_str(labels.shape()), ", expected u8 (N,) labels");
   int64_t n = images.size(0);
-  TANDEM_CHECK_AS(ValueError, labels.size(0) == n, "load_fashion_mnist: '", images_path, "' holds ", n,
-                  " images but '", labels_path, "' holds ", labels.size(0), " labels");
+  TANDEM_CHECK_AS(ValueError, labels.size(0) == n, "load_fashion_mnist: '", images_path, "' holds ", n, " images but '",
+                  labels_path, "' holds ", labels.size(0), " labels");
 
   FashionMnist out;
   out.images = empty({n, 1, 28, 28}, DType::f32);  // (N, 1, 28, 28)
-  out.labels = empty({n}, DType::i64);              // (N,)
+  out.labels = empty({n}, DType::i64);             // (N,)
   const uint8_t* px = images.data<uint8_t>();
   float* dst = out.images.data<float>();
   for (int64_t i = 0; i < images.numel(); ++i) dst[i] = static_cast<float>(px[i]) / 255.0f;

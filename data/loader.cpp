@@ -17,14 +17,14 @@ struct DataLoader::Shared {
   std::mutex mutex;
   std::condition_variable cv;
   bool stop = false;
-  bool active = false;          // an epoch is running (set by start_epoch, cleared by set_indices)
-  uint64_t generation = 0;      // bumped whenever the running epoch is abandoned
-  std::vector<int64_t> order;   // the epoch's rows, in the order batches take them
+  bool active = false;         // an epoch is running (set by start_epoch, cleared by set_indices)
+  uint64_t generation = 0;     // bumped whenever the running epoch is abandoned
+  std::vector<int64_t> order;  // the epoch's rows, in the order batches take them
   int64_t end_batch = 0;
-  int64_t next_prepare = 0;     // the background thread's next batch
-  int64_t next_return = 0;      // next()'s next batch
-  std::deque<Batch> ready;      // prepared, in batch order
-  std::exception_ptr error;     // raised preparing batch next_return + ready.size(); sticky
+  int64_t next_prepare = 0;  // the background thread's next batch
+  int64_t next_return = 0;   // next()'s next batch
+  std::deque<Batch> ready;   // prepared, in batch order
+  std::exception_ptr error;  // raised preparing batch next_return + ready.size(); sticky
   std::thread thread;
 };
 
@@ -46,9 +46,12 @@ Tensor move_to(const Tensor& t, Device device) {
 }  // namespace
 
 DataLoader::DataLoader(Tensor inputs, Tensor targets, DataLoaderOptions options)
-    : inputs_(std::move(inputs)), targets_(std::move(targets)), options_(std::move(options)),
+    : inputs_(std::move(inputs)),
+      targets_(std::move(targets)),
+      options_(std::move(options)),
       shared_(std::make_unique<Shared>()) {
-  TANDEM_CHECK_AS(ValueError, inputs_.defined() && targets_.defined(), "DataLoader: inputs and targets must be defined");
+  TANDEM_CHECK_AS(ValueError, inputs_.defined() && targets_.defined(),
+                  "DataLoader: inputs and targets must be defined");
   TANDEM_CHECK_AS(ValueError, inputs_.dim() >= 1 && targets_.dim() >= 1, "DataLoader: inputs ",
                   shape_str(inputs_.shape()), " and targets ", shape_str(targets_.shape()),
                   " need a leading sample dim");
@@ -77,7 +80,9 @@ DataLoader::~DataLoader() {
   }
 }
 
-int64_t DataLoader::num_samples() const { return has_indices_ ? static_cast<int64_t>(indices_.size()) : inputs_.size(0); }
+int64_t DataLoader::num_samples() const {
+  return has_indices_ ? static_cast<int64_t>(indices_.size()) : inputs_.size(0);
+}
 
 int64_t DataLoader::num_batches() const {
   int64_t n = num_samples();
@@ -145,8 +150,9 @@ Batch DataLoader::make_batch(int64_t index, std::vector<int64_t> rows) const {
   Tensor idx = from_vector(rows, {count});  // (B,) i64 on the cpu
   Batch batch;
   batch.index = index;
-  batch.inputs = kernels::index_select(inputs_, 0, idx);    // (B, ...)
-  batch.targets = kernels::index_select(targets_, 0, idx);  // (B, ...)
+  // A data set already on a GPU is gathered there.
+  batch.inputs = kernels::index_select(inputs_, 0, kernels::to_device(idx, inputs_.device()));     // (B, ...)
+  batch.targets = kernels::index_select(targets_, 0, kernels::to_device(idx, targets_.device()));  // (B, ...)
   batch.sample_indices = std::move(rows);
   if (options_.transform) options_.transform(batch);
   batch.inputs = move_to(batch.inputs, options_.device);

@@ -24,8 +24,8 @@
 namespace tandem::data {
 
 struct Batch {
-  Tensor inputs;   // (B, ...) on the loader's device
-  Tensor targets;  // (B, ...) on the loader's device
+  Tensor inputs;                        // (B, ...) on the loader's device
+  Tensor targets;                       // (B, ...) on the loader's device
   int64_t index = 0;                    // the batch's number within the epoch
   std::vector<int64_t> sample_indices;  // (B,) the samples it holds, as rows of the full tensors
 };
@@ -35,7 +35,7 @@ struct DataLoaderOptions {
   bool shuffle = true;
   bool drop_last = false;  // drop a last batch smaller than batch_size
   uint64_t seed = 0;
-  Device device;           // where batches are delivered
+  Device device;  // where batches are delivered
   // Batches prepared ahead by the background thread; 0 prepares each one in next(), on the
   // calling thread, with no thread at all.
   int64_t prefetch = 2;
@@ -64,8 +64,8 @@ class DataLoader {
   // The epoch's next batch, or nothing at its end. Rethrows an error raised while preparing it.
   std::optional<Batch> next();
 
-  int64_t num_samples() const;  // rows per epoch: the index subset's size, else N
-  int64_t num_batches() const;  // per epoch, with drop_last applied
+  int64_t num_samples() const;              // rows per epoch: the index subset's size, else N
+  int64_t num_batches() const;              // per epoch, with drop_last applied
   int64_t epoch() const { return epoch_; }  // the last started, -1 before any
   const DataLoaderOptions& options() const { return options_; }
 

@@ -1,1 +1,257 @@
-// (in progress)
+#include "tandem/optim/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "tandem/autograd/grad_mode.h"
+#include "tandem/core/kernels.h"
+
+namespace tandem::optim {
+
+namespace {
+std::string group_key(size_t group, const std::string& name) {
+  return "param_groups." + std::to_string(group) + "." + name;
+}
+
+std::string state_key(size_t param, const std::string& name) {
+  return "state." + std::to_string(param) + "." + name;
+}
+
+// Splits "state.<index>.<name>"; false when the key has another form.
+bool parse_state_key(const std::string& key, size_t& index, std::string& name) {
+  const std::string prefix = "state.";
+  if (key.compare(0, prefix.size(), prefix) != 0) return false;
+  size_t dot = key.find('.', prefix.size());
+  if (dot == std::string::npos || dot == prefix.size() || dot + 1 == key.size()) return false;
+  const std::string digits = key.substr(prefix.size(), dot - prefix.size());
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) return false;
+  index = static_cast<size_t>(std::stoul(digits));
+  name = key.substr(dot + 1);
+  return true;
+}
+
+double metadata_at(const StateDict& state, const std::string& key) {
+  auto it = state.metadata.find(key);
+  TANDEM_CHECK_AS(ValueError, it != state.metadata.end(), "load_state_dict: the state lacks \"", key, "\"");
+  return it->second;
+}
+
+bool is_count(double v) { return v >= 0 && v <= 9.0e15 && std::floor(v) == v; }
+}  // namespace
+
+ParamGroup& Optimizer::param_group(size_t index) {
+  TANDEM_CHECK_AS(IndexError, index < groups_.size(), name(), ": no parameter group ", index, " (the optimizer has ",
+                  groups_.size(), ")");
+  return *groups_[index];
+}
+
+const ParamGroup& Optimizer::param_group(size_t index) const {
+  TANDEM_CHECK_AS(IndexError, index < groups_.size(), name(), ": no parameter group ", index, " (the optimizer has ",
+                  groups_.size(), ")");
+  return *groups_[index];
+}
+
+std::vector<Tensor> Optimizer::params() const {
+  std::vector<Tensor> all;
+  for (const auto& group : groups_) all.insert(all.end(), group->params.begin(), group->params.end());
+  return all;
+}
+
+ParamGroup& Optimizer::add_group(std::unique_ptr<ParamGroup> group) {
+  std::vector<Tensor> existing = params();
+  for (size_t i = 0; i < group->params.size(); ++i) {
+    const Tensor& p = group->params[i];
+    TANDEM_CHECK_AS(ValueError, p.defined(), name(), ": parameter ", i, " of the new group is an undefined tensor");
+    TANDEM_CHECK_AS(TypeError, is_floating(p.dtype()), name(), ": parameter ", i, " of the new group is ", p.dtype(),
+                    "; only floating-point tensors (f32, f64, f16, bf16) can be optimized");
+    TANDEM_CHECK_AS(ValueError, p.is_leaf(), name(), ": parameter ", i,
+                    " of the new group is not a leaf (it is the result of an op); optimize the tensor it came from");
+    for (size_t j = 0; j < i; ++j) {
+      TANDEM_CHECK_AS(ValueError, !p.is_same(group->params[j]), name(), ": parameter ", i,
+                      " of the new group appears twice in it (as parameter ", j, ")");
+    }
+    for (const Tensor& q : existing) {
+      TANDEM_CHECK_AS(ValueError, !p.is_same(q), name(), ": parameter ", i,
+                      " of the new group is already in another parameter group");
+    }
+  }
+  check_group(*group);
+  state_.emplace_back(group->params.size());
+  groups_.push_back(std::move(group));
+  return *groups_.back();
+}
+
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    ParamGroup& group = *groups_[g];
+    check_group(group);
+    std::vector<ParamState>& states = state_[g];
+    states.resize(group.params.size());  // parameters appended to the group since start empty
+    std::vector<Item> items;
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      const Tensor& p = group.params[i];
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      TANDEM_CHECK_AS(ValueError, grad.shape() == p.shape(), name(), ": parameter ", i, " of group ", g, " has shape ",
+                      shape_str(p.shape()), " but its gradient has shape ", shape_str(grad.shape()));
+      TANDEM_CHECK_AS(TypeError, grad.dtype() == p.dtype(), name(), ": parameter ", i, " of group ", g, " is ",
+                      p.dtype(), " but its gradient is ", grad.dtype());
+      TANDEM_CHECK_AS(DeviceError, grad.device() == p.device(), name(), ": parameter ", i, " of group ", g, " is on ",
+                      p.device(), " but its gradient is on ", grad.device());
+      for (const auto& [buffer_name, buffer] : states[i].buffers) {
+        TANDEM_CHECK_AS(ValueError, buffer.shape() == p.shape() && buffer.device() == p.device(), name(),
+                        ": parameter ", i, " of group ", g, " is now ", shape_str(p.shape()), " on ", p.device(),
+                        " but its ", buffer_name, " is ", shape_str(buffer.shape()), " on ", buffer.device(),
+                        " (move or reshape parameters before creating the optimizer, or load a matching state)");
+      }
+      items.push_back(Item{p, grad, &states[i]});
+    }
+    if (!items.empty()) update(group, items);
+  }
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
+  for (const auto& group : groups_) {
+    for (const Tensor& p : group->params) {
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      if (set_to_none) p.set_grad(Tensor());
+      else kernels::fill_(grad, 0.0);
+    }
+  }
+}
+
+std::vector<std::pair<std::string, double>> Optimizer::all_hyper_parameters(const ParamGroup& group) const {
+  std::vector<std::pair<std::string, double>> all = {
+      {"lr", group.lr}, {"weight_decay", group.weight_decay}, {"initial_lr", group.initial_lr}};
+  for (auto& entry : hyper_parameters(group)) all.push_back(std::move(entry));
+  return all;
+}
+
+void Optimizer::set_any_hyper_parameter(ParamGroup& group, const std::string& key, double value) const {
+  if (key == "lr") group.lr = value;
+  else if (key == "weight_decay") group.weight_decay = value;
+  else if (key == "initial_lr") group.initial_lr = value;
+  else set_hyper_parameter(group, key, value);
+}
+
+StateDict Optimizer::state_dict() const {
+  StateDict state;
+  state.optimizer = name();
+  state.metadata["num_param_groups"] = static_cast<double>(groups_.size());
+  size_t index = 0;  // parameters numbered across groups
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const ParamGroup& group = *groups_[g];
+    state.metadata[group_key(g, "num_params")] = static_cast<double>(group.params.size());
+    for (const auto& [key, value] : all_hyper_parameters(group)) state.metadata[group_key(g, key)] = value;
+    for (size_t i = 0; i < group.params.size(); ++i, ++index) {
+      if (i >= state_[g].size() || state_[g][i].buffers.empty()) continue;
+      const ParamState& ps = state_[g][i];
+      for (const auto& [buffer_name, buffer] : ps.buffers) state.tensors[state_key(index, buffer_name)] = buffer;
+      if (counts_steps()) state.metadata[state_key(index, "step")] = static_cast<double>(ps.step);
+    }
+  }
+  return state;
+}
+
+void Optimizer::load_state_dict(const StateDict& state) {
+  TANDEM_CHECK_AS(ValueError, state.optimizer == name(), "load_state_dict: the state was saved by ",
+                  state.optimizer.empty() ? "an unnamed optimizer" : state.optimizer, ", this optimizer is ", name());
+  const double saved_groups = metadata_at(state, "num_param_groups");
+  TANDEM_CHECK_AS(ValueError, saved_groups == static_cast<double>(groups_.size()), "load_state_dict: the state has ",
+                  saved_groups, " parameter groups, this ", name(), " has ", groups_.size());
+
+  // Every metadata key the state may hold, with the parameter each state entry belongs to.
+  std::set<std::string> known = {"num_param_groups"};
+  std::vector<const Tensor*> flat;  // parameters numbered across groups
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const ParamGroup& group = *groups_[g];
+    const double saved = metadata_at(state, group_key(g, "num_params"));
+    TANDEM_CHECK_AS(ValueError, saved == static_cast<double>(group.params.size()), "load_state_dict: group ", g,
+                    " has ", saved, " parameters in the state but ", group.params.size(), " in this ", name());
+    known.insert(group_key(g, "num_params"));
+    for (const auto& entry : all_hyper_parameters(group)) {
+      metadata_at(state, group_key(g, entry.first));
+      known.insert(group_key(g, entry.first));
+    }
+    for (const Tensor& p : group.params) flat.push_back(&p);
+  }
+
+  const std::vector<std::string> names = state_names();
+  std::vector<std::map<std::string, Tensor>> buffers(flat.size());
+  for (const auto& [key, tensor] : state.tensors) {
+    size_t index = 0;
+    std::string buffer_name;
+    TANDEM_CHECK_AS(ValueError, parse_state_key(key, index, buffer_name), "load_state_dict: unexpected tensor \"", key,
+                    "\" (state tensors are named state.<param>.<name>)");
+    TANDEM_CHECK_AS(ValueError, index < flat.size(), "load_state_dict: tensor \"", key, "\" is for parameter ", index,
+                    " but this ", name(), " has ", flat.size(), " parameters");
+    TANDEM_CHECK_AS(ValueError, std::find(names.begin(), names.end(), buffer_name) != names.end(),
+                    "load_state_dict: tensor \"", key, "\" is not state of ", name());
+    const Tensor& p = *flat[index];
+    TANDEM_CHECK_AS(ValueError, tensor.defined(), "load_state_dict: tensor \"", key, "\" is undefined");
+    TANDEM_CHECK_AS(ValueError, tensor.shape() == p.shape(), "load_state_dict: tensor \"", key, "\" has shape ",
+                    shape_str(tensor.shape()), " but parameter ", index, " has shape ", shape_str(p.shape()));
+    const DType expected = optimizer_state_dtype(p.dtype());
+    TANDEM_CHECK_AS(TypeError, tensor.dtype() == expected, "load_state_dict: tensor \"", key, "\" is ",
+                    tensor.dtype(), " but the state of a ", p.dtype(), " parameter is ", expected);
+    buffers[index][buffer_name] = tensor;
+  }
+  std::vector<int64_t> steps(flat.size(), 0);
+  for (size_t i = 0; i < flat.size(); ++i) {
+    if (buffers[i].empty()) continue;
+    for (const std::string& n : names) {
+      TANDEM_CHECK_AS(ValueError, buffers[i].count(n) == 1, "load_state_dict: the state has ",
+                      buffers[i].begin()->first, " for parameter ", i, " but lacks its ", n);
+    }
+    if (counts_steps()) {
+      const std::string key = state_key(i, "step");
+      const double step = metadata_at(state, key);
+      TANDEM_CHECK_AS(ValueError, is_count(step) && step >= 1, "load_state_dict: \"", key,
+                      "\" must be a whole number >= 1, got ", step);
+      steps[i] = static_cast<int64_t>(step);
+      known.insert(key);
+    }
+  }
+  for (const auto& entry : state.metadata) {
+    TANDEM_CHECK_AS(ValueError, known.count(entry.first) == 1, "load_state_dict: unexpected metadata \"", entry.first,
+                    "\" for ", name());
+  }
+
+  // Hyper-parameters: set them, and put every group back if one is out of range.
+  std::vector<std::vector<std::pair<std::string, double>>> previous;
+  for (const auto& group : groups_) previous.push_back(all_hyper_parameters(*group));
+  try {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (const auto& entry : previous[g]) {
+        set_any_hyper_parameter(*groups_[g], entry.first, state.metadata.at(group_key(g, entry.first)));
+      }
+      check_group(*groups_[g]);
+    }
+  } catch (...) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (const auto& entry : previous[g]) set_any_hyper_parameter(*groups_[g], entry.first, entry.second);
+    }
+    throw;
+  }
+
+  size_t index = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<ParamState> fresh(groups_[g]->params.size());
+    for (size_t i = 0; i < fresh.size(); ++i, ++index) {
+      const Tensor& p = *flat[index];
+      for (const auto& [buffer_name, saved] : buffers[index]) {
+        Tensor copy = empty(p.shape(), TensorOptions(saved.dtype(), p.device()));
+        kernels::copy_(copy, saved);
+        fresh[i].buffers[buffer_name] = copy;
+      }
+      fresh[i].step = steps[index];
+    }
+    state_[g] = std::move(fresh);
+  }
+}
+
+}  // namespace tandem::optim

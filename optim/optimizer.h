@@ -7,7 +7,7 @@
 //
 // The updates are the fused multi-tensor kernels of core/kernels.h (kernels::sgd_step,
 // kernels::adamw_step): one launch per group, device and dtype on a GPU. State is f32 for 16-bit
-// parameters (kernels::optimizer_state_dtype), the parameter's dtype otherwise.
+// parameters (optimizer_state_dtype in core/kernels.h), the parameter's dtype otherwise.
 //
 // Mixed precision, by design: f32 master weights for 16-bit parameters would be one more state
 // tensor per parameter ("master", f32, created from the parameter at its first update) and one
@@ -84,7 +84,7 @@ class Optimizer {
  protected:
   Optimizer() = default;
 
-  // One parameter's state: named buffers (contiguous, in kernels::optimizer_state_dtype) and, for
+  // One parameter's state: named buffers (contiguous, in optimizer_state_dtype()) and, for
   // optimizers that count them, the steps taken.
   struct ParamState {
     std::map<std::string, Tensor> buffers;

@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# On a machine with a GPU: build with CUDA for Hopper, run the whole test suite, run the CUDA
-# tests under compute-sanitizer, and run the GPU benchmarks. Logs go to $OUT (default ./gpu-logs).
-# Usage: scripts/gpu-check.sh [tests|sanitizer|bench|all]...   (default: all)
-set -euo pipefail
+# On a machine with a GPU: build with CUDA for Hopper, run the test suites, the CUDA tests under
+# compute-sanitizer, and the GPU benchmarks beside PyTorch. Logs go to $OUT (default ./gpu-logs).
+# Usage: scripts/gpu-check.sh [tests] [sanitizer] [bench] [targets=a,b,...]   (default: everything)
+set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/gpu-logs}
 mkdir -p "$out"
 build=$root/build-gpu
-steps=("${@:-all}")
+steps=()
+targets=()
+for a in "$@"; do
+  case $a in
+    targets=*) IFS=, read -r -a targets <<< "${a#targets=}" ;;
+    *) steps+=("$a") ;;
+  esac
+done
+[ ${#steps[@]} -eq 0 ] && steps=(all)
 want() { for s in "${steps[@]}"; do [[ $s == "$1" || $s == all ]] && return 0; done; return 1; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
@@ -15,21 +23,24 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_AR
   -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" > "$out/configure.log" 2>&1 ||
   { tail -30 "$out/configure.log"; exit 1; }
 start=$(date +%s)
-cmake --build "$build" -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
+target_args=()
+for t in "${targets[@]}"; do target_args+=(--target "$t"); done
+cmake --build "$build" -j "$(nproc)" "${target_args[@]}" > "$out/build.log" 2>&1 ||
+  { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
 status=0
 if want tests; then
-  (cd "$build" && ctest --output-on-failure -j 8 > "$out/ctest.log" 2>&1) || status=1
+  (cd "$build" && ctest --output-on-failure -j 4 --timeout 600 > "$out/ctest.log" 2>&1) || status=1
   grep -E "tests passed|tests failed|Total Test time" "$out/ctest.log"
-  grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)" "$out/ctest.log" | head -30 || true
+  grep -E "\((Failed|Timeout|SEGFAULT|Subprocess|Not Run)" "$out/ctest.log" | head -30
 fi
 if want sanitizer; then
-  compute-sanitizer --tool memcheck --error-exitcode 3 "$build/tests/cuda_tests" --gtest_filter='CudaParity.*' \
-    > "$out/memcheck.log" 2>&1 || status=1
+  timeout 900 compute-sanitizer --tool memcheck --error-exitcode 3 "$build/tests/cuda_tests" \
+    --gtest_filter='CudaParity.*' > "$out/memcheck.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/memcheck.log" | tail -5
 fi
 if want bench && [ -x "$build/bench/gpu_kernels" ]; then
-  "$build/bench/gpu_kernels" | tee "$out/bench_kernels.txt" || status=1
+  python3 "$root/bench/compare_kernels.py" "$build" --json "$out/kernels.json" | tee "$out/kernels.txt" || status=1
 fi
 exit $status

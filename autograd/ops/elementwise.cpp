@@ -1,5 +1,7 @@
 // Elementwise ops and their gradients. Broadcast inputs get their gradient summed back to their
 // own shape (kernels::sum_to).
+#include <cmath>
+
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
 #include "tandem/core/kernels.h"
@@ -10,7 +12,18 @@ using autograd::record;
 using autograd::saved;
 
 namespace {
-Tensor scalar_like(const Tensor& x, double value) { return scalar_tensor(value, x.options()); }
+// There is no type promotion: a fractional scalar with an integer tensor would be truncated
+// silently, so it is an error.
+void check_scalar(const Tensor& x, double value) {
+  TANDEM_CHECK_AS(TypeError, is_floating(x.dtype()) || value == std::floor(value), "scalar ", value,
+                  " with a ", x.dtype(), " tensor would be truncated; convert the tensor with to(x, DType::f32) first");
+}
+
+// A 0-dim tensor of x's dtype.
+Tensor scalar_like(const Tensor& x, double value) {
+  check_scalar(x, value);
+  return scalar_tensor(value, x.options());
+}
 Tensor zeros_scalar(const Tensor& x) { return scalar_like(x, 0.0); }
 }  // namespace
 
@@ -52,6 +65,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor add(const Tensor& a, double b) { return add(a, scalar_like(a, b)); }
 Tensor sub(const Tensor& a, double b) { return sub(a, scalar_like(a, b)); }
 Tensor mul(const Tensor& a, double b) {
+  check_scalar(a, b);
   Tensor out = kernels::unary(UnaryOp::scale, a, b);
   return record(out, "mul", {a}, [b](const Tensor& g) -> std::vector<Tensor> { return {mul(g, b)}; });
 }

@@ -170,7 +170,12 @@ void fill(const Tensor& dst, double value) {
   dispatch_all(dst.dtype(), "fill", "cpu", [&](auto tag) {
     using T = decltype(tag);
     T v = convert<T>(value);
-    map1<T, T>(dst, dst, [v](T) { return v; });
+    // Writes only: reading the old, possibly uninitialized elements (as map1 would) is undefined
+    // behaviour for bool.
+    StridedLoop<1> loop(dst.shape(), {&dst});
+    loop.run({bytes(dst)}, [v](std::array<char*, 1> p, int64_t n, std::array<int64_t, 1> s) {
+      for (int64_t i = 0; i < n; ++i) *reinterpret_cast<T*>(p[0] + i * s[0]) = v;
+    });
   });
 }
 

@@ -6,6 +6,7 @@
 #include <cudnn.h>
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 
@@ -129,12 +130,21 @@ class ConvDesc {
 enum class Direction { forward, backward_data, backward_filter };
 
 struct Choice {
-  int algo;
-  size_t workspace;
+  int algo = -1;
+  size_t workspace = 0;
 };
 
-using ConvKey = std::tuple<int, Direction, int, int, Shape, Shape, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, bool>;
+// Everything a convolution of one shape needs, made once: descriptors and, per direction, the
+// chosen algorithm and its workspace size.
+struct ConvPlan {
+  std::unique_ptr<TensorDesc> x, y;
+  std::unique_ptr<FilterDesc> w;
+  std::unique_ptr<ConvDesc> conv;
+  Choice choice[3];
+};
+
+using ConvKey = std::tuple<int, int, int, Shape, Shape, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           bool>;
 
 template <typename Perf>
 Choice best_of(const Perf* results, int count, const char* what) {
@@ -144,76 +154,82 @@ Choice best_of(const Perf* results, int count, const char* what) {
   TANDEM_THROW(BackendError, "cuDNN has no usable algorithm for ", what);
 }
 
-// x: input (N, C, H, W), w: filter, y: output (N, K, P, Q); which of them is written depends on
-// the direction.
-Choice choose(Direction dir, cudnnHandle_t h, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p,
-              const TensorDesc& xd, const FilterDesc& wd, const TensorDesc& yd, const ConvDesc& cd) {
-  static std::mutex mutex;
-  static std::map<ConvKey, Choice> cache;
-  ConvKey key{x.device().index, dir, static_cast<int>(x.dtype()), static_cast<int>(math_type(x.dtype())), x.shape(),
-              w.shape(), p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w, p.groups,
-              benchmark_mode};
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+Choice choose(Direction dir, cudnnHandle_t h, const ConvPlan& p) {
   constexpr int kMax = 16;
   int count = 0;
-  Choice c{};
   switch (dir) {
     case Direction::forward: {
       cudnnConvolutionFwdAlgoPerf_t r[kMax];
-      if (benchmark_mode) TANDEM_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, xd.get(), wd.get(), cd.get(), yd.get(), kMax, &count, r));
-      else TANDEM_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, xd.get(), wd.get(), cd.get(), yd.get(), kMax, &count, r));
-      c = best_of(r, count, "conv2d forward");
-      break;
+      if (benchmark_mode) TANDEM_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, p.x->get(), p.w->get(), p.conv->get(), p.y->get(), kMax, &count, r));
+      else TANDEM_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x->get(), p.w->get(), p.conv->get(), p.y->get(), kMax, &count, r));
+      return best_of(r, count, "conv2d forward");
     }
     case Direction::backward_data: {
       cudnnConvolutionBwdDataAlgoPerf_t r[kMax];
-      if (benchmark_mode) TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, wd.get(), yd.get(), cd.get(), xd.get(), kMax, &count, r));
-      else TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, wd.get(), yd.get(), cd.get(), xd.get(), kMax, &count, r));
-      c = best_of(r, count, "conv2d backward data");
-      break;
+      if (benchmark_mode) TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, p.w->get(), p.y->get(), p.conv->get(), p.x->get(), kMax, &count, r));
+      else TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w->get(), p.y->get(), p.conv->get(), p.x->get(), kMax, &count, r));
+      return best_of(r, count, "conv2d backward data");
     }
     case Direction::backward_filter: {
       cudnnConvolutionBwdFilterAlgoPerf_t r[kMax];
-      if (benchmark_mode) TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, xd.get(), yd.get(), cd.get(), wd.get(), kMax, &count, r));
-      else TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, xd.get(), yd.get(), cd.get(), wd.get(), kMax, &count, r));
-      c = best_of(r, count, "conv2d backward filter");
-      break;
+      if (benchmark_mode) TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, p.x->get(), p.y->get(), p.conv->get(), p.w->get(), kMax, &count, r));
+      else TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x->get(), p.y->get(), p.conv->get(), p.w->get(), kMax, &count, r));
+      return best_of(r, count, "conv2d backward filter");
     }
   }
-  cache.emplace(key, c);
-  return c;
+  return {};
 }
 
+// x: input (N, C, H, W), w: filter, y: output (N, K, P, Q); which of them is written depends on
+// the direction.
 void convolve(Direction dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
   static const char* names[] = {"conv2d", "conv2d_backward_input", "conv2d_backward_weight"};
   NvtxRange range(names[static_cast<int>(dir)]);
   int device = x.device().index;
   DeviceGuard guard(device);
   cudnnHandle_t h = handle(device);
-  TensorDesc xd(x), yd(y);
-  FilterDesc wd(w);
-  ConvDesc cd(p, x.dtype());
-  Choice c = choose(dir, h, x, w, y, p, xd, wd, yd, cd);
+  static std::mutex mutex;
+  static std::map<ConvKey, std::unique_ptr<ConvPlan>> plans;
+  ConvKey key{device, static_cast<int>(x.dtype()), static_cast<int>(math_type(x.dtype())), x.shape(), w.shape(),
+              p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w, p.groups, benchmark_mode};
+  ConvPlan* plan = nullptr;
+  Choice c;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& slot = plans[key];
+    if (!slot) {
+      slot = std::make_unique<ConvPlan>();
+      slot->x = std::make_unique<TensorDesc>(x);
+      slot->y = std::make_unique<TensorDesc>(y);
+      slot->w = std::make_unique<FilterDesc>(w);
+      slot->conv = std::make_unique<ConvDesc>(p, x.dtype());
+    }
+    plan = slot.get();
+    Choice& chosen = plan->choice[static_cast<int>(dir)];
+    if (chosen.algo < 0) chosen = choose(dir, h, *plan);
+    c = chosen;
+  }
   Tensor workspace = empty({static_cast<int64_t>(c.workspace)}, TensorOptions(DType::u8, x.device()));
   const void* one = kScalars.one(x.dtype());
   const void* zero = kScalars.zero(x.dtype());
   switch (dir) {
     case Direction::forward:
-      TANDEM_CUDNN_CHECK(cudnnConvolutionForward(h, one, xd.get(), x.data_ptr(), wd.get(), w.data_ptr(), cd.get(),
-                                                 static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), workspace.data_ptr(),
-                                                 c.workspace, zero, yd.get(), y.data_ptr()));
+      TANDEM_CUDNN_CHECK(cudnnConvolutionForward(h, one, plan->x->get(), x.data_ptr(), plan->w->get(), w.data_ptr(),
+                                                 plan->conv->get(), static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
+                                                 workspace.data_ptr(), c.workspace, zero, plan->y->get(), y.data_ptr()));
       break;
     case Direction::backward_data:
-      TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(h, one, wd.get(), w.data_ptr(), yd.get(), y.data_ptr(), cd.get(),
-                                                      static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
-                                                      workspace.data_ptr(), c.workspace, zero, xd.get(), x.data_ptr()));
+      TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(h, one, plan->w->get(), w.data_ptr(), plan->y->get(), y.data_ptr(),
+                                                      plan->conv->get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
+                                                      workspace.data_ptr(), c.workspace, zero, plan->x->get(),
+                                                      x.data_ptr()));
       break;
     case Direction::backward_filter:
-      TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, one, xd.get(), x.data_ptr(), yd.get(), y.data_ptr(), cd.get(),
+      TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, one, plan->x->get(), x.data_ptr(), plan->y->get(),
+                                                        y.data_ptr(), plan->conv->get(),
                                                         static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
-                                                        workspace.data_ptr(), c.workspace, zero, wd.get(), w.data_ptr()));
+                                                        workspace.data_ptr(), c.workspace, zero, plan->w->get(),
+                                                        w.data_ptr()));
       break;
   }
 }

@@ -159,6 +159,20 @@ void add_inplace_typed(const Tensor& dst, const Tensor& src, double alpha) {
   map2<T, T, T>("add_", dst, src, dst, [a] __device__(T d, T s) { return cast_to<T>(to_acc(d) + a * to_acc(s)); });
 }
 
+// The largest value of T below x (x finite), as in the CPU backend.
+template <typename T>
+__device__ T next_below(T x) {
+  if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+    unsigned short bits = *reinterpret_cast<unsigned short*>(&x);
+    if ((bits & 0x7fffu) == 0) bits = 0x8001u;  // below zero: the negative value of least magnitude
+    else if (bits & 0x8000u) bits = static_cast<unsigned short>(bits + 1u);
+    else bits = static_cast<unsigned short>(bits - 1u);
+    return *reinterpret_cast<T*>(&bits);
+  } else {
+    return nextafter(x, -static_cast<T>(INFINITY));
+  }
+}
+
 template <typename T>
 __global__ void random_kernel(int64_t n, T* out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2) {
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -170,7 +184,13 @@ __global__ void random_kernel(int64_t n, T* out, RandomKind kind, uint64_t seed,
       case RandomKind::normal: v = p1 + p2 * philox::normal(seed, counter); break;
       case RandomKind::bernoulli: v = philox::uniform(seed, counter) < p1 ? 1.0 : 0.0; break;
     }
-    out[i] = cast_to<T>(v);
+    T r = cast_to<T>(v);
+    // A uniform draw just below `high` can round up to it in T: step down to keep [low, high).
+    if (kind == RandomKind::uniform && p1 < p2 && !(static_cast<double>(to_acc(r)) < p2)) {
+      r = next_below(r);
+      if (static_cast<double>(to_acc(r)) < p1) r = cast_to<T>(p1);
+    }
+    out[i] = r;
   }
 }
 }  // namespace

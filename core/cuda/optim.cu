@@ -148,7 +148,9 @@ void launch_update(const char* name, const std::vector<const std::vector<Tensor>
     slot.vectorised = vectorised ? 1 : 0;
     const int64_t n_chunks = (slot.numel + chunk_size - 1) / chunk_size;
     TANDEM_CHECK_AS(ValueError, n_chunks <= INT32_MAX, name, ": a tensor of ", slot.numel, " elements is too large");
-    for (int64_t c = 0; c < n_chunks; ++c) chunks.push_back(ChunkSlot{static_cast<int32_t>(t), static_cast<int32_t>(c)});
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      chunks.push_back(ChunkSlot{static_cast<int32_t>(t), static_cast<int32_t>(c)});
+    }
   }
   TANDEM_CHECK_AS(ValueError, chunks.size() <= static_cast<size_t>(INT32_MAX), name, ": ", chunks.size(),
                   " chunks are more than one launch can take");

@@ -71,6 +71,40 @@ void check_launch(const char* kernel) {
   }
 }
 
+Event::Event() {
+  cudaEvent_t e = nullptr;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e));
+  handle_ = e;
+}
+
+Event::~Event() { cudaEventDestroy(static_cast<cudaEvent_t>(handle_)); }
+
+void Event::record(int device) {
+  DeviceGuard guard(device);
+  TANDEM_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), current_stream(device)));
+  recorded_ = true;
+}
+
+void Event::wait(int device) const {
+  DeviceGuard guard(device);
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(current_stream(device), static_cast<cudaEvent_t>(handle_), 0));
+}
+
+void Event::synchronize() const { TANDEM_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_))); }
+
+bool Event::query() const {
+  cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(handle_));
+  if (status == cudaErrorNotReady) return false;
+  TANDEM_CUDA_CHECK(status);
+  return true;
+}
+
+double Event::elapsed_ms(const Event& end) const {
+  float ms = 0;
+  TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(handle_), static_cast<cudaEvent_t>(end.handle_)));
+  return ms;
+}
+
 void synchronize(int device) {
   DeviceGuard guard(device);
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(compute_stream(device)));

@@ -99,6 +99,81 @@ __global__ void softmax_rows(const T* __restrict__ x, T* __restrict__ y, int64_t
   }
 }
 
+// Rows short enough to live in registers: every thread loads kItems vectors of V elements
+// once (16-byte loads), so the row is read once and written once. n % V == 0, rows 16-byte
+// aligned, n <= kRegisterThreads * V * kItems.
+constexpr int kRegisterThreads = 256;
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Packed {
+  T v[V];
+};
+
+template <typename T, int V, int kItems, bool Log>
+__global__ void __launch_bounds__(kRegisterThreads) softmax_rows_in_registers(const T* __restrict__ x, T* __restrict__ y,
+                                                                               int64_t n) {
+  using A = stat_t<acc_t<T>>;
+  const int64_t vectors = n / V;
+  const Packed<T, V>* in = reinterpret_cast<const Packed<T, V>*>(x + blockIdx.x * n);
+  Packed<T, V>* out = reinterpret_cast<Packed<T, V>*>(y + blockIdx.x * n);
+  A v[kItems][V];
+  A m = -std::numeric_limits<A>::infinity();
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    int64_t j = threadIdx.x + static_cast<int64_t>(i) * kRegisterThreads;
+    if (j < vectors) {
+      Packed<T, V> p = in[j];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        v[i][k] = static_cast<A>(to_acc(p.v[k]));
+        m = max(m, v[i][k]);
+      }
+    }
+  }
+  m = block_max(m);
+  A s = 0;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    int64_t j = threadIdx.x + static_cast<int64_t>(i) * kRegisterThreads;
+    if (j < vectors) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        A e = exp(v[i][k] - m);
+        s += e;
+        if (!Log) v[i][k] = e;
+      }
+    }
+  }
+  s = block_sum(s);
+  const A scale = A(1) / s, shift = m + log(s);
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    int64_t j = threadIdx.x + static_cast<int64_t>(i) * kRegisterThreads;
+    if (j < vectors) {
+      Packed<T, V> p;
+#pragma unroll
+      for (int k = 0; k < V; ++k) p.v[k] = cast_to<T>(Log ? v[i][k] - shift : v[i][k] * scale);
+      out[j] = p;
+    }
+  }
+}
+
+// Launches the register-resident kernel with the fewest items per thread that hold the row;
+// returns false when the row does not qualify.
+template <typename T, bool Log>
+bool launch_rows_in_registers(const T* x, T* y, int64_t outer, int64_t n, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  if (n % V != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(y) % 16 != 0) return false;
+  const int64_t per_item = static_cast<int64_t>(kRegisterThreads) * V;
+  const unsigned blocks = static_cast<unsigned>(outer);
+  if (n <= per_item) softmax_rows_in_registers<T, V, 1, Log><<<blocks, kRegisterThreads, 0, stream>>>(x, y, n);
+  else if (n <= 2 * per_item) softmax_rows_in_registers<T, V, 2, Log><<<blocks, kRegisterThreads, 0, stream>>>(x, y, n);
+  else if (n <= 4 * per_item) softmax_rows_in_registers<T, V, 4, Log><<<blocks, kRegisterThreads, 0, stream>>>(x, y, n);
+  else if (n <= 8 * per_item) softmax_rows_in_registers<T, V, 8, Log><<<blocks, kRegisterThreads, 0, stream>>>(x, y, n);
+  else return false;
+  return true;
+}
+
 template <typename T, bool Log>
 __global__ void softmax_columns(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n, int64_t inner) {
   using A = stat_t<acc_t<T>>;
@@ -160,9 +235,11 @@ void softmax_typed(const Tensor& x, const Tensor& out, bool log) {
   const T* px = device_ptr<const T>(x);
   T* py = device_ptr<T>(out);
   if (inner == 1) {
+    bool done = log ? launch_rows_in_registers<T, true>(px, py, outer, n, stream)
+                    : launch_rows_in_registers<T, false>(px, py, outer, n, stream);
     int threads = row_threads(n);
-    if (log) softmax_rows<T, true><<<static_cast<unsigned>(outer), threads, 0, stream>>>(px, py, n);
-    else softmax_rows<T, false><<<static_cast<unsigned>(outer), threads, 0, stream>>>(px, py, n);
+    if (!done && log) softmax_rows<T, true><<<static_cast<unsigned>(outer), threads, 0, stream>>>(px, py, n);
+    if (!done && !log) softmax_rows<T, false><<<static_cast<unsigned>(outer), threads, 0, stream>>>(px, py, n);
   } else {
     int blocks = blocks_for(outer * inner, 256, INT32_MAX);
     if (log) softmax_columns<T, true><<<blocks, 256, 0, stream>>>(px, py, outer, n, inner);

@@ -23,6 +23,13 @@ size_t max_memory_allocated(int) { no_cuda("max_memory_allocated"); }
 void reset_peak_memory_stats(int) { no_cuda("reset_peak_memory_stats"); }
 void empty_cache(int) { no_cuda("empty_cache"); }
 void set_poison_allocations(bool) {}
+Event::Event() { no_cuda("cuda::Event"); }
+Event::~Event() = default;
+void Event::record(int) { no_cuda("cuda::Event"); }
+void Event::wait(int) const { no_cuda("cuda::Event"); }
+void Event::synchronize() const { no_cuda("cuda::Event"); }
+bool Event::query() const { no_cuda("cuda::Event"); }
+double Event::elapsed_ms(const Event&) const { no_cuda("cuda::Event"); }
 void set_matmul_precision(MatmulPrecision) {}
 MatmulPrecision matmul_precision() { return MatmulPrecision::highest; }
 void set_cudnn_benchmark(bool) {}

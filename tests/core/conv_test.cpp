@@ -2,6 +2,7 @@
 // from the definitions (torch.nn.functional's semantics), and lower precisions against f64.
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "support/test_util.h"
 #include "tandem/core/kernels.h"
@@ -119,6 +120,19 @@ TEST(Conv2d, MatchesDirectLoops) {
     EXPECT_TRUE(all_close(kernels::conv2d_backward_input(g, w, x.shape(), cs.p), ref.grad_x, 1e-12, 1e-12));
     EXPECT_TRUE(all_close(kernels::conv2d_backward_weight(g, x, w.shape(), cs.p), ref.grad_w, 1e-12, 1e-12));
   }
+}
+
+// Enough work per call for the samples (and the weight gradient's partial sums) to be split
+// across threads where OpenMP is on.
+TEST(Conv2d, LargerShapesMatchDirectLoops) {
+  Tensor x = random_tensor({5, 8, 14, 14}), w = random_tensor({8, 4, 3, 3});
+  Conv2dParams p = conv_params(1, 1, 1, 1, 1, 1, 2);
+  Tensor out = kernels::conv2d(x, w, p);
+  Tensor g = random_tensor(out.shape());
+  ConvReference ref = direct_conv(x, w, p, g);
+  EXPECT_TRUE(all_close(out, ref.out, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(kernels::conv2d_backward_input(g, w, x.shape(), p), ref.grad_x, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(kernels::conv2d_backward_weight(g, x, w.shape(), p), ref.grad_w, 1e-12, 1e-12));
 }
 
 TEST(Conv2d, NonContiguousOperands) {
@@ -267,6 +281,11 @@ TEST(Pool2d, AverageMatchesDirectLoops) {
   }
 }
 
+TEST(Pool2d, LargerShapesMatchDirectLoops) {
+  expect_pool_matches(pool_params(PoolMode::max, 3, 3, 2, 2, 1, 1), {4, 8, 32, 32});
+  expect_pool_matches(pool_params(PoolMode::average, 3, 3, 2, 2, 1, 1, false), {4, 8, 32, 32});
+}
+
 TEST(Pool2d, MaxTiesGoToTheFirstAndPaddingNeverWins) {
   // A negative constant: every window ties, and a padded zero would beat it if padding counted.
   const double value = -random_uniform({1}, 0.5, 2.0).item();
@@ -361,9 +380,11 @@ BatchNormInputs batch_norm_inputs(const Shape& shape, DType dtype) {
 }
 
 TEST(BatchNorm, TrainingStatisticsAndRunningUpdate) {
-  for (auto [dtype, rtol] : {std::pair{DType::f64, 1e-12}, std::pair{DType::f32, 1e-5}}) {
-    SCOPED_TRACE(dtype_name(dtype));
-    BatchNormInputs in = batch_norm_inputs({3, 4, 5, 2}, dtype);
+  for (auto [dtype, shape, rtol] : {std::tuple{DType::f64, Shape{3, 4, 5, 2}, 1e-12},
+                                    std::tuple{DType::f32, Shape{3, 4, 5, 2}, 1e-5},
+                                    std::tuple{DType::f64, Shape{4, 8, 16, 16}, 1e-12}}) {  // large enough for threads
+    SCOPED_TRACE(dtype_name(dtype) + (" " + shape_str(shape)));
+    BatchNormInputs in = batch_norm_inputs(shape, dtype);
     std::vector<double> old_mean = in.running_mean.to_double_vector(), old_var = in.running_var.to_double_vector();
     const double momentum = 0.3, eps = 1e-3;
     kernels::BatchNormForward f =

@@ -203,6 +203,9 @@ TEST(Reduce, ZeroDimAndEmptyTensors) {
   for (double m : mean(e, {1}).to_double_vector()) EXPECT_TRUE(std::isnan(m));
   EXPECT_TRUE(testing::throws_with<ValueError>([&] { amax(e); }, {"max", "empty", "[3, 0]"}));
   EXPECT_TRUE(testing::throws_with<ValueError>([&] { argmax(e, 1); }, {"argmax"}));
+  // Over the non-empty dim an empty tensor reduces to an empty result, as in PyTorch.
+  EXPECT_EQ(amax(e, {0}).shape(), (Shape{0}));
+  EXPECT_EQ(argmax(e, 0).shape(), (Shape{0}));
 }
 
 TEST(Reduce, BadDims) {

@@ -1,0 +1,28 @@
+#pragma once
+// The all-reduce benchmark's two halves: the CPU path (tandem's MPI group against MPI_Allreduce)
+// lives in allreduce.cpp, the GPU path (tandem's NCCL group against ncclAllReduce) in
+// allreduce_gpu.cpp, or allreduce_no_gpu.cpp in a build without NCCL.
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace tandem::bench {
+
+struct AllReduceTiming {
+  double tandem_ms = 0;  // ProcessGroup::all_reduce + Work::wait
+  double raw_ms = 0;     // the library's own call on the same buffer
+};
+
+class AllReduceBench {
+ public:
+  virtual ~AllReduceBench() = default;
+  virtual std::string backend() const = 0;   // "nccl" or "mpi"
+  virtual std::string raw_name() const = 0;  // "ncclAllReduce" or "MPI_Allreduce"
+  // Medians over `reps` rounds after `warmup` rounds; each round runs both, one after the other.
+  virtual AllReduceTiming time(size_t bytes, int warmup, int reps) = 0;
+};
+
+// The NCCL benchmark on this rank's GPU, or null in a build without NCCL.
+std::unique_ptr<AllReduceBench> make_gpu_bench();
+
+}  // namespace tandem::bench

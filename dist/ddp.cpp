@@ -1,0 +1,344 @@
+#include "tandem/dist/ddp.h"
+
+#include <chrono>
+#include <sstream>
+
+#include "tandem/autograd/grad_mode.h"
+#include "tandem/autograd/node.h"
+#include "tandem/core/cuda_api.h"
+#include "tandem/core/kernels.h"
+#include "tandem/core/random.h"
+#include "tandem/core/views.h"
+
+namespace tandem::dist {
+
+namespace {
+constexpr double kMiB = 1024.0 * 1024.0;
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string describe(const std::string& name, const Tensor& t) {
+  std::ostringstream out;
+  out << "'" << name << "' " << shape_str(t.shape()) << " " << t.dtype();
+  return out.str();
+}
+
+double host_ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
+struct DistributedDataParallel::Bucket {
+  std::vector<int64_t> params;   // indices into params_, in the order they were placed
+  std::vector<int64_t> offsets;  // element offset of each in buffer
+  Tensor buffer;                 // (numel,) the gradients of its parameters, in their dtype
+  Tensor comm;                   // (numel,) the buffer in the communication dtype while in flight
+  int64_t pending = 0;           // gradients still to come in this backward
+  bool launched = false;
+  int64_t launched_after = 0;
+  std::shared_ptr<Work> work;
+};
+
+// Events on the compute stream around the end of backward, to measure exposed communication.
+struct DistributedDataParallel::Timing {
+  std::unique_ptr<cuda::Event> backward_end, sync_end;
+  double host_exposed_ms = 0;
+};
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module, DdpOptions options)
+    : module_(std::move(module)), options_(std::move(options)), timing_(std::make_unique<Timing>()) {
+  TANDEM_CHECK_AS(ValueError, module_ != nullptr, "DistributedDataParallel: null module");
+  TANDEM_CHECK_AS(ValueError, options_.bucket_cap_mb > 0 && options_.first_bucket_mb > 0,
+                  "DistributedDataParallel: bucket sizes must be positive");
+  const World& w = world();
+  for (auto& [name, p] : module_->named_parameters()) {
+    if (!p.requires_grad()) continue;
+    names_.push_back(name);
+    params_.push_back(p);
+  }
+  device_ = params_.empty() ? w.device : params_[0].device();
+  for (const Tensor& p : params_) {
+    TANDEM_CHECK_AS(DeviceError, p.device() == device_, "DistributedDataParallel: parameters on ", device_, " and ",
+                    p.device(), "; move the whole module to one device first");
+  }
+  group_ = &w.group_for(device_);
+  check_same_model_everywhere();
+  {
+    NoGradGuard no_grad;
+    broadcast_from_rank0(module_->parameters());
+    broadcast_from_rank0(module_->buffers());
+  }
+  build_buckets();
+  self_ = std::make_shared<DistributedDataParallel*>(this);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].register_post_accumulate_grad_hook([self = self_, i](const Tensor&) {
+      if (*self != nullptr) (*self)->on_gradient(static_cast<int64_t>(i));
+    });
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  if (self_) *self_ = nullptr;
+}
+
+void DistributedDataParallel::check_same_model_everywhere() {
+  // Every rank all-gathers (count, hash of each parameter's name/shape/dtype) over MPI.
+  ProcessGroup& cpu = *world().cpu_group;
+  int size = cpu.size();
+  Tensor count = from_vector(std::vector<int64_t>{static_cast<int64_t>(params_.size())});
+  Tensor counts = empty({size}, DType::i64);
+  cpu.all_gather(counts, count)->synchronize();
+  std::vector<int64_t> all_counts = counts.to_vector<int64_t>();
+  for (int r = 0; r < size; ++r) {
+    TANDEM_CHECK_AS(ValueError, all_counts[r] == static_cast<int64_t>(params_.size()),
+                    "DistributedDataParallel: rank ", cpu.rank(), " has ", params_.size(),
+                    " parameters that require grad but rank ", r, " has ", all_counts[r],
+                    "; every rank must build the same model");
+  }
+  std::vector<int64_t> hashes;
+  for (size_t i = 0; i < params_.size(); ++i) hashes.push_back(static_cast<int64_t>(fnv1a(describe(names_[i], params_[i]))));
+  if (hashes.empty()) return;
+  Tensor mine = from_vector(hashes);
+  Tensor all = empty({size * static_cast<int64_t>(hashes.size())}, DType::i64);
+  cpu.all_gather(all, mine)->synchronize();
+  std::vector<int64_t> all_hashes = all.to_vector<int64_t>();
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    for (int r = 0; r < size; ++r) {
+      TANDEM_CHECK_AS(ValueError, all_hashes[r * hashes.size() + i] == hashes[i], "DistributedDataParallel: parameter ",
+                      i, " differs between rank ", cpu.rank(), " (", describe(names_[i], params_[i]), ") and rank ", r,
+                      " (another name, shape or dtype); every rank must build the same model");
+    }
+  }
+}
+
+void DistributedDataParallel::broadcast_from_rank0(const std::vector<Tensor>& tensors) {
+  std::vector<std::shared_ptr<Work>> works;
+  for (const Tensor& t : tensors) {
+    TANDEM_CHECK_AS(ValueError, t.is_contiguous(), "DistributedDataParallel: parameters and buffers must be contiguous");
+    works.push_back(world().group_for(t.device()).broadcast(t, 0));
+  }
+  for (auto& w : works) w->wait();
+}
+
+void DistributedDataParallel::build_buckets() {
+  bucket_of_.assign(params_.size(), -1);
+  auto close = [&](std::unique_ptr<Bucket>& b) {
+    if (!b || b->params.empty()) return;
+    int64_t numel = b->offsets.back() + params_[b->params.back()].numel();
+    b->buffer = zeros({numel}, params_[b->params[0]].options());
+    buckets_.push_back(std::move(b));
+  };
+  std::unique_ptr<Bucket> current;
+  double current_bytes = 0;
+  // Reverse registration order: the order in which backward produces the gradients.
+  for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
+    const Tensor& p = params_[i];
+    double cap = (buckets_.empty() ? options_.first_bucket_mb : options_.bucket_cap_mb) * kMiB;
+    double bytes = static_cast<double>(p.nbytes());
+    bool fits = current && current_bytes + bytes <= cap && params_[current->params[0]].dtype() == p.dtype();
+    if (current && !current->params.empty() && !fits) {
+      close(current);
+      current_bytes = 0;
+    }
+    if (!current) current = std::make_unique<Bucket>();
+    int64_t offset = current->params.empty() ? 0 : current->offsets.back() + params_[current->params.back()].numel();
+    current->params.push_back(i);
+    current->offsets.push_back(offset);
+    current_bytes += bytes;
+    bucket_of_[i] = static_cast<int64_t>(buckets_.size());
+  }
+  close(current);
+  ready_.assign(params_.size(), false);
+  attach_gradient_views(true);
+
+  // The plan must be the same everywhere, or the collectives would pair the wrong buckets.
+  std::vector<int64_t> plan;
+  for (auto& b : buckets_) {
+    plan.push_back(b->buffer.numel());
+    plan.push_back(static_cast<int64_t>(b->params.size()));
+  }
+  ProcessGroup& cpu = *world().cpu_group;
+  Tensor mine = from_vector(std::vector<int64_t>{static_cast<int64_t>(fnv1a(std::string(
+      reinterpret_cast<const char*>(plan.data()), plan.size() * sizeof(int64_t))))});
+  Tensor all = empty({cpu.size()}, DType::i64);
+  cpu.all_gather(all, mine)->synchronize();
+  for (int64_t h : all.to_vector<int64_t>()) {
+    TANDEM_CHECK_AS(ValueError, h == mine.item<int64_t>(), "DistributedDataParallel: the bucket plan of rank ",
+                    cpu.rank(), " differs from another rank's (different bucket_cap_mb or first_bucket_mb?)");
+  }
+}
+
+void DistributedDataParallel::attach_gradient_views(bool zero) {
+  for (auto& b : buckets_) {
+    bool attached = true;
+    for (size_t k = 0; k < b->params.size(); ++k) {
+      const Tensor& p = params_[b->params[k]];
+      Tensor g = p.grad();
+      attached = attached && g.defined() && g.storage().is_same(b->buffer.storage()) &&
+                 g.offset() == b->buffer.offset() + b->offsets[k] && g.shape() == p.shape();
+    }
+    if (attached && !zero) continue;
+    // A gradient was dropped (zero_grad(set_to_none)) or replaced: start the bucket from zero.
+    kernels::fill_(b->buffer, 0.0);
+    for (size_t k = 0; k < b->params.size(); ++k) {
+      const Tensor& p = params_[b->params[k]];
+      p.set_grad(views::view(views::narrow(b->buffer, 0, b->offsets[k], p.numel()), p.shape()));
+    }
+  }
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& x) {
+  if (options_.broadcast_buffers && group_->size() > 1) {
+    NoGradGuard no_grad;
+    broadcast_from_rank0(module_->buffers());
+  }
+  attach_gradient_views(false);
+  return module_->forward(x);
+}
+
+void DistributedDataParallel::on_gradient(int64_t index) {
+  if (!sync_enabled_) return;
+  if (!backward_active_) {
+    backward_active_ = true;
+    gradients_seen_ = 0;
+    next_to_launch_ = 0;
+    std::fill(ready_.begin(), ready_.end(), false);
+    for (auto& b : buckets_) {
+      b->pending = static_cast<int64_t>(b->params.size());
+      b->launched = false;
+      b->work.reset();
+    }
+    autograd::queue_callback([this] { finish_backward(); });
+  }
+  if (ready_[index]) return;  // a second accumulation in the same backward adds into the same view
+  ready_[index] = true;
+  ++gradients_seen_;
+  --buckets_[bucket_of_[index]]->pending;
+  if (options_.overlap) launch_ready_buckets();
+}
+
+void DistributedDataParallel::launch_ready_buckets() {
+  // Strictly in bucket order, so every rank issues the same collectives in the same sequence.
+  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_]->pending == 0) {
+    launch(*buckets_[next_to_launch_]);
+    ++next_to_launch_;
+  }
+}
+
+void DistributedDataParallel::launch(Bucket& b) {
+  b.launched = true;
+  b.launched_after = gradients_seen_;
+  if (options_.comm_dtype && *options_.comm_dtype != b.buffer.dtype()) {
+    b.comm = kernels::to_dtype(b.buffer, *options_.comm_dtype);
+    b.work = group_->all_reduce(b.comm, ReduceOp::avg);
+  } else {
+    b.comm = b.buffer;
+    b.work = group_->all_reduce(b.buffer, ReduceOp::avg);
+  }
+}
+
+void DistributedDataParallel::finish_backward() {
+  backward_active_ = false;
+  std::vector<std::string> unused;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    if (!options_.find_unused_parameters) unused.push_back(names_[i]);
+    ready_[i] = true;
+    --buckets_[bucket_of_[i]]->pending;
+  }
+  if (!unused.empty()) {
+    std::string list;
+    for (size_t k = 0; k < unused.size() && k < 10; ++k) list += (k ? ", " : "") + unused[k];
+    if (unused.size() > 10) list += ", ... (" + std::to_string(unused.size()) + " in all)";
+    TANDEM_THROW(ValueError, "DistributedDataParallel: these parameters received no gradient in this backward: ", list,
+                 ". Pass find_unused_parameters=true if they are meant to go unused");
+  }
+  bool gpu = device_.is_cuda();
+  if (gpu) {
+    timing_->backward_end = std::make_unique<cuda::Event>();
+    timing_->backward_end->record(device_.index);
+  }
+  auto start = std::chrono::steady_clock::now();
+  launch_ready_buckets();
+  for (auto& b : buckets_) {
+    b->work->wait();  // GPU: the compute stream waits; CPU: the host waits
+    if (!b->comm.is_same(b->buffer)) kernels::copy_(b->buffer, b->comm);
+  }
+  timing_->host_exposed_ms = host_ms_since(start);
+  if (gpu) {
+    timing_->sync_end = std::make_unique<cuda::Event>();
+    timing_->sync_end->record(device_.index);
+  }
+  stats_.buckets = static_cast<int64_t>(buckets_.size());
+  stats_.bytes = 0;
+  stats_.launched_after_gradients.clear();
+  for (auto& b : buckets_) {
+    stats_.bytes += static_cast<int64_t>(b->comm.nbytes());
+    stats_.launched_after_gradients.push_back(b->launched_after);
+  }
+  stats_.total_gradients = static_cast<int64_t>(params_.size());
+  stats_pending_ = true;
+}
+
+const DdpStats& DistributedDataParallel::stats() {
+  if (!stats_pending_) return stats_;
+  stats_pending_ = false;
+  double comm = 0;
+  for (auto& b : buckets_) {
+    if (!b->work) continue;
+    b->work->synchronize();
+    double ms = b->work->elapsed_ms();
+    comm += ms > 0 ? ms : 0;
+  }
+  if (device_.is_cuda() && timing_->sync_end) {
+    timing_->sync_end->synchronize();
+    stats_.exposed_ms = timing_->backward_end->elapsed_ms(*timing_->sync_end);
+  } else {
+    stats_.exposed_ms = timing_->host_exposed_ms;
+  }
+  stats_.comm_ms = comm > 0 ? comm : stats_.exposed_ms;
+  double hidden = stats_.comm_ms > 0 ? 1.0 - stats_.exposed_ms / stats_.comm_ms : 0.0;
+  stats_.hidden_fraction = std::min(1.0, std::max(0.0, hidden));
+  return stats_;
+}
+
+std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_plan() const {
+  std::vector<std::vector<int64_t>> plan;
+  for (auto& b : buckets_) plan.push_back(b->params);
+  return plan;
+}
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world_size, bool shuffle, uint64_t seed,
+                                       bool drop_last)
+    : dataset_size_(dataset_size), rank_(rank), world_size_(world_size), shuffle_(shuffle), seed_(seed),
+      drop_last_(drop_last) {
+  TANDEM_CHECK_AS(ValueError, world_size >= 1 && rank >= 0 && rank < world_size, "DistributedSampler: rank ", rank,
+                  " is not in a world of ", world_size);
+  TANDEM_CHECK_AS(ValueError, dataset_size >= 0, "DistributedSampler: negative dataset size");
+  num_samples_ = drop_last ? dataset_size / world_size : (dataset_size + world_size - 1) / world_size;
+}
+
+std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
+  std::vector<int64_t> order(static_cast<size_t>(dataset_size_));
+  if (shuffle_) {
+    Generator gen(seed_ + static_cast<uint64_t>(epoch));
+    order = randperm(dataset_size_, &gen).to_vector<int64_t>();
+  } else {
+    for (int64_t i = 0; i < dataset_size_; ++i) order[i] = i;
+  }
+  int64_t total = num_samples_ * world_size_;
+  // Pad by wrapping around (a dataset smaller than the world repeats as often as needed).
+  for (int64_t i = dataset_size_; i < total && dataset_size_ > 0; ++i) order.push_back(order[i % dataset_size_]);
+  std::vector<int64_t> mine;
+  for (int64_t i = rank_; i < total; i += world_size_) mine.push_back(order[i]);
+  return mine;
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,131 @@
+#pragma once
+// DistributedDataParallel: data-parallel training of a Module over the ranks of a World.
+//
+// At construction every rank's parameters are checked to be the same (names, shapes, dtypes) and
+// parameters and buffers are broadcast from rank 0. Gradients live as views into flat bucket
+// buffers: parameters are assigned to buckets in reverse registration order (the order backward
+// produces their gradients), one dtype per bucket, up to bucket_cap_mb (the first bucket capped
+// at first_bucket_mb so communication starts early). Each parameter's post-accumulate hook counts
+// its bucket down; a complete bucket's all-reduce is launched right away on the communication
+// stream, in bucket order on every rank. When backward ends, the compute stream waits on the
+// buckets' completion events — the host never blocks. Averaging happens in the collective.
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "tandem/dist/process_group.h"
+#include "tandem/layers/module.h"
+
+namespace tandem::dist {
+
+struct DdpOptions {
+  double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  // Parameters that get no gradient in a backward are then reduced as zeros; when false (the
+  // default) such a parameter is an error naming it.
+  bool find_unused_parameters = false;
+  bool broadcast_buffers = true;    // rank 0's buffers (batch-norm statistics) at every forward
+  std::optional<DType> comm_dtype;  // e.g. bf16: gradients travel in bf16, accumulate in their own dtype
+  bool overlap = true;              // false: launch every bucket after backward (for scaling studies)
+};
+
+// What the last synchronised backward did. On GPUs the times come from CUDA events and are read
+// lazily (stats() synchronises with the step they describe).
+struct DdpStats {
+  int64_t buckets = 0;
+  int64_t bytes = 0;              // bytes all-reduced (in the communication dtype)
+  double comm_ms = 0;             // time the collectives took on the communication stream
+  double exposed_ms = 0;          // time from the end of backward to the end of communication
+  double hidden_fraction = 0;     // 1 - exposed / comm, clamped to [0, 1]
+  // For each bucket: how many parameter gradients had been produced when it was launched (out of
+  // the total). A first bucket launched before the last gradient is overlap, not an assumption.
+  std::vector<int64_t> launched_after_gradients;
+  int64_t total_gradients = 0;
+};
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<nn::Module> module, DdpOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Broadcasts buffers if asked, readies the buckets, and runs the module.
+  Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  nn::Module& module() { return *module_; }
+  std::shared_ptr<nn::Module> module_ptr() { return module_; }
+  ProcessGroup& group() { return *group_; }
+
+  // While alive, backward accumulates gradients locally without communicating (gradient
+  // accumulation); the next backward outside it reduces the accumulated sums.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp) : ddp_(ddp), previous_(ddp.sync_enabled_) { ddp.sync_enabled_ = false; }
+    ~NoSync() { ddp_.sync_enabled_ = previous_; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool previous_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  const DdpStats& stats();
+  // The bucket plan: parameter indices (registration order) per bucket, in launch order.
+  std::vector<std::vector<int64_t>> bucket_plan() const;
+
+ private:
+  struct Bucket;
+  void check_same_model_everywhere();
+  void broadcast_from_rank0(const std::vector<Tensor>& tensors);
+  void build_buckets();
+  void attach_gradient_views(bool zero);
+  void on_gradient(int64_t param_index);
+  void launch_ready_buckets();
+  void launch(Bucket& bucket);
+  void finish_backward();
+
+  std::shared_ptr<nn::Module> module_;
+  DdpOptions options_;
+  ProcessGroup* group_ = nullptr;
+  Device device_;
+  std::vector<std::string> names_;
+  std::vector<Tensor> params_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<int64_t> bucket_of_;   // param index -> bucket
+  std::vector<bool> ready_;          // param index -> gradient produced this backward
+  int64_t gradients_seen_ = 0;
+  size_t next_to_launch_ = 0;
+  bool sync_enabled_ = true;
+  bool backward_active_ = false;
+  DdpStats stats_;
+  bool stats_pending_ = false;
+  struct Timing;
+  std::unique_ptr<Timing> timing_;
+  // The hooks on the parameters reach this object through here; the destructor clears it, so a
+  // module that outlives its DDP wrapper never calls into freed memory.
+  std::shared_ptr<DistributedDataParallel*> self_;
+};
+
+// Shards dataset indices across ranks, reshuffled each epoch from a seed shared by all ranks.
+// Every rank gets the same number of indices: padded by repeating the first ones (or, with
+// drop_last, the tail is dropped), so no rank runs an extra step and no collective hangs.
+class DistributedSampler {
+ public:
+  DistributedSampler(int64_t dataset_size, int rank, int world_size, bool shuffle = true, uint64_t seed = 0,
+                     bool drop_last = false);
+  std::vector<int64_t> indices(int64_t epoch) const;
+  int64_t num_samples() const { return num_samples_; }
+
+ private:
+  int64_t dataset_size_;
+  int rank_, world_size_;
+  bool shuffle_;
+  uint64_t seed_;
+  bool drop_last_;
+  int64_t num_samples_;
+};
+
+}  // namespace tandem::dist

@@ -1,0 +1,230 @@
+// init(), world(), finalize(), and the helpers both backends share.
+#include "tandem/dist/process_group.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iomanip>
+#include <mutex>
+#include <sstream>
+#include <utility>
+
+#include "tandem/core/cuda_api.h"
+#include "tandem/dist/internal.h"
+
+namespace tandem::dist {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+  }
+  return "?";
+}
+
+namespace internal {
+
+std::string format_bytes(size_t n) {
+  std::ostringstream out;
+  out << n << " bytes";
+  if (n >= (size_t(1) << 30)) {
+    out << " (" << std::setprecision(3) << static_cast<double>(n) / (size_t(1) << 30) << " GiB)";
+  } else if (n >= (size_t(1) << 20)) {
+    out << " (" << std::setprecision(3) << static_cast<double>(n) / (size_t(1) << 20) << " MiB)";
+  }
+  return out.str();
+}
+
+std::string format_seconds(double s) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(s < 10 ? 2 : 1) << s << " s";
+  return out.str();
+}
+
+std::string describe(int rank, const std::string& backend, const char* op, size_t bytes) {
+  return ::tandem::detail::concat("rank ", rank, ": ", backend, " ", op, " of ", format_bytes(bytes));
+}
+
+void report_failure(const std::string& message) {
+  std::fprintf(stderr, "[tandem] %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
+void check_tensor(const Tensor& t, const Device& device, const std::string& backend, const char* op,
+                  const char* name) {
+  TANDEM_CHECK_AS(ValueError, t.defined(), backend, " ", op, ": ", name, " is an undefined tensor");
+  TANDEM_CHECK_AS(DeviceError, t.device() == device, backend, " ", op, ": ", name, " is on ", t.device(),
+                  " but this group works on ", device,
+                  device.is_cpu() ? " (use the NCCL group, World::group_for, for cuda tensors)"
+                                  : " (use World::group_for to pick the group of a tensor's device)");
+  TANDEM_CHECK_AS(ValueError, t.is_contiguous(), backend, " ", op, ": ", name, " ", shape_str(t.shape()),
+                  " is not contiguous (collectives work in place on contiguous memory; make a contiguous copy)");
+}
+
+void check_disjoint(const std::vector<Tensor>& tensors, const std::string& backend, const char* op) {
+  if (tensors.size() < 2) return;
+  std::vector<std::pair<const char*, const char*>> ranges;
+  for (const Tensor& t : tensors) {
+    auto* p = static_cast<const char*>(t.data_ptr());
+    if (t.nbytes() > 0) ranges.emplace_back(p, p + t.nbytes());
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    TANDEM_CHECK_AS(ValueError, ranges[i].first >= ranges[i - 1].second, backend, " ", op,
+                    ": two of the tensors share memory (each must be reduced once)");
+  }
+}
+
+void check_same_dtype(const Tensor& a, const Tensor& b, const std::string& backend, const char* op) {
+  TANDEM_CHECK_AS(TypeError, a.dtype() == b.dtype(), backend, " ", op, ": output is ", dtype_name(a.dtype()),
+                  " but input is ", dtype_name(b.dtype()));
+}
+
+bool is_rank_slice(const Tensor& whole, const Tensor& part, int rank, const std::string& backend, const char* op) {
+  auto* w = static_cast<const char*>(whole.data_ptr());
+  auto* p = static_cast<const char*>(part.data_ptr());
+  if (p == w + static_cast<size_t>(rank) * part.nbytes()) return true;
+  bool overlap = p < w + whole.nbytes() && w < p + part.nbytes();
+  TANDEM_CHECK_AS(ValueError, !overlap || part.nbytes() == 0, backend, " ", op,
+                  ": input and output overlap; the only overlap allowed is the in-place layout, where the (n,) "
+                  "tensor is the (size * n,) tensor's slice at rank * n");
+  return false;
+}
+
+void check_root(int root, int size, const std::string& backend) {
+  TANDEM_CHECK_AS(ValueError, root >= 0 && root < size, backend, " broadcast: root ", root,
+                  " is not a rank of this group (size ", size, ")");
+}
+
+}  // namespace internal
+
+namespace {
+
+struct State {
+  std::mutex mutex;
+  bool initialized = false;
+  bool finalized = false;
+  World world;
+  std::string no_gpu_group_reason;  // why world.gpu_group is null although the device is a GPU
+};
+
+State& state() {
+  static auto* s = new State();  // never destroyed: finalize runs from atexit
+  return *s;
+}
+
+double timeout_from_env(double fallback) {
+  const char* env = std::getenv("TANDEM_DIST_TIMEOUT");
+  if (env == nullptr || env[0] == '\0') return fallback;
+  char* end = nullptr;
+  double value = std::strtod(env, &end);
+  TANDEM_CHECK_AS(ValueError, end != env && *end == '\0' && value > 0, "TANDEM_DIST_TIMEOUT=\"", env,
+                  "\" is not a positive number of seconds");
+  return value;
+}
+
+void finalize_at_exit() { finalize(); }
+
+}  // namespace
+
+ProcessGroup& World::group_for(const Device& d) const {
+  if (d.is_cpu()) {
+    TANDEM_CHECK_AS(DeviceError, cpu_group != nullptr, "dist: no process group for cpu tensors (call dist::init())");
+    return *cpu_group;
+  }
+  TANDEM_CHECK_AS(DeviceError, device.is_cuda(), "dist: a ", d, " tensor, but this rank runs on ", device,
+                  " (dist::init found no CUDA device, or was asked not to use one)");
+  TANDEM_CHECK_AS(DeviceError, d == device, "dist: a ", d, " tensor, but rank ", rank, " is bound to ", device,
+                  " (each rank communicates from its own GPU)");
+  if (gpu_group == nullptr) {
+    const std::string& reason = state().no_gpu_group_reason;
+    TANDEM_THROW(DeviceError, "dist: no NCCL process group for ", d, " tensors: ",
+                 reason.empty() ? std::string("dist::init() made none") : reason);
+  }
+  return *gpu_group;
+}
+
+const World& init(const InitOptions& options) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.initialized) return s.world;
+  TANDEM_CHECK_AS(ValueError, !s.finalized,
+                  "dist::init: dist::finalize() already ran, and MPI cannot be initialised twice in one process");
+  double timeout = timeout_from_env(options.timeout_seconds);
+  TANDEM_CHECK_AS(ValueError, timeout > 0, "dist::init: timeout_seconds must be positive, got ", timeout);
+
+  internal::MpiWorld mpi = internal::mpi_init(timeout);
+  World w;
+  w.rank = mpi.rank;
+  w.size = mpi.size;
+  w.local_rank = mpi.local_rank;
+  w.local_size = mpi.local_size;
+  w.cpu_group = mpi.group;
+
+  int devices = options.use_gpu ? cuda::device_count() : 0;
+  if (devices > 0) {
+    int index = w.local_rank % devices;
+    internal::bind_device(index);
+    w.device = Device(DeviceType::cuda, index);
+    if (!internal::nccl_is_built()) {
+      s.no_gpu_group_reason = "tandem was built without NCCL (reconfigure with -DTANDEM_WITH_NCCL=ON)";
+    } else if (w.local_size > devices) {
+      // NCCL refuses two ranks on one GPU; every rank of the node sees the same counts, so all skip.
+      s.no_gpu_group_reason = detail::concat(w.local_size, " ranks share ", devices,
+                                             " GPU(s) on this node, and NCCL needs a GPU per rank (run at most ",
+                                             devices, " ranks per node)");
+      if (w.local_rank == 0) internal::report_failure("dist::init: no NCCL group: " + s.no_gpu_group_reason);
+    } else {
+      w.gpu_group = internal::make_nccl_group(*w.cpu_group, index, timeout);
+    }
+  }
+  s.world = w;
+  s.initialized = true;
+  // Registered after the CUDA runtime and MPI have started, so it runs before their own teardown.
+  static bool registered = false;
+  if (!registered) {
+    std::atexit(finalize_at_exit);
+    registered = true;
+  }
+  return s.world;
+}
+
+bool is_initialized() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return s.initialized;
+}
+
+const World& world() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  TANDEM_CHECK_AS(ValueError, s.initialized,
+                  s.finalized ? "dist::world(): dist::finalize() already ran"
+                              : "dist::world(): call dist::init() first");
+  return s.world;
+}
+
+void finalize() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.initialized) return;
+  s.initialized = false;
+  s.finalized = true;
+  // Never throws: it runs from atexit, and after failures.
+  try {
+    if (s.world.gpu_group) internal::nccl_shutdown_group(*s.world.gpu_group);
+  } catch (const std::exception& e) {
+    internal::report_failure(std::string("dist::finalize: shutting down the NCCL group: ") + e.what());
+  }
+  try {
+    if (s.world.cpu_group) internal::mpi_shutdown_group(*s.world.cpu_group);
+    internal::mpi_finalize();
+  } catch (const std::exception& e) {
+    internal::report_failure(std::string("dist::finalize: shutting down MPI: ") + e.what());
+  }
+  s.world = World();
+}
+
+}  // namespace tandem::dist

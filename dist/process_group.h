@@ -1,0 +1,98 @@
+#pragma once
+// The communication layer: the MPI world, process groups over MPI (cpu tensors) and NCCL (cuda
+// tensors), and the asynchronous Work handles their collectives return.
+//
+// Failures. Every group has a watchdog thread. A collective that runs past the timeout
+// (InitOptions::timeout_seconds, or $TANDEM_DIST_TIMEOUT) or that NCCL reports as failed marks the
+// group failed: the message (rank, operation, bytes, seconds waited) goes to stderr, the NCCL
+// communicator is aborted so no kernel spins forever, and Work::wait()/synchronize() and every later
+// call on the group raise it as a BackendError. MPI cannot abort a communicator: its pending
+// requests are abandoned (their tensors stay alive) and the process skips MPI_Finalize at exit.
+// When a rank dies, Open MPI's mpirun already ends the whole job (it kills the other ranks and exits
+// non-zero, naming the rank and the signal); the timeout catches what mpirun does not see: a rank
+// that hangs, or ranks that disagree on the order of collectives.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/core/device.h"
+#include "tandem/core/tensor.h"
+
+namespace tandem::dist {
+
+enum class ReduceOp { sum, avg, max, min };
+const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max", "min"
+
+// A collective in flight. wait(): the caller's current stream (GPU) waits for it without blocking the
+// host, or (CPU/MPI) the host blocks until it is done; synchronize(): the host blocks until it is
+// done. Errors (a failed or timed-out collective, an aborted communicator) surface from
+// wait()/synchronize() as tandem::BackendError naming the rank, the operation, its size in bytes and
+// how long it waited.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual void synchronize() = 0;
+  virtual bool is_completed() = 0;  // non-blocking query; also true once the collective failed
+  // Device time of the collective once completed (CUDA events), else -1. MPI: host time from
+  // posting the collective until its completion was seen.
+  virtual double elapsed_ms() = 0;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "mpi" or "nccl"
+  // In place on `tensor` (contiguous). GPU: enqueued on the group's communication stream after an
+  // event recorded on the caller's current stream; never blocks the host. The Work keeps the tensors
+  // of a collective alive until it has completed. MPI reduces f32, f64, i32, i64 and u8 (bool: max,
+  // min); 16-bit floats only travel (broadcast, all_gather) there. avg of integers truncates.
+  virtual std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;
+  // Several tensors in one grouped launch (NCCL: ncclGroupStart/End; MPI: one request each).
+  virtual std::shared_ptr<Work> all_reduce(const std::vector<Tensor>& tensors, ReduceOp op = ReduceOp::sum) = 0;
+  virtual std::shared_ptr<Work> broadcast(const Tensor& tensor, int root = 0) = 0;
+  // output (size * n,) gets every rank's input (n,) in rank order. input may be output's own slice
+  // at rank * n (in place).
+  virtual std::shared_ptr<Work> all_gather(const Tensor& output, const Tensor& input) = 0;
+  // output (n,) gets this rank's reduced slice of input (size * n,). output may be input's own slice
+  // at rank * n (in place).
+  virtual std::shared_ptr<Work> reduce_scatter(const Tensor& output, const Tensor& input,
+                                               ReduceOp op = ReduceOp::sum) = 0;
+  // Blocks the host until every rank has reached the barrier (or the timeout passes).
+  virtual void barrier() = 0;
+  // Aborts the communicator (after a failure) so no collective can hang; later calls raise.
+  virtual void abort(const std::string& reason) = 0;
+};
+
+struct InitOptions {
+  double timeout_seconds = 600;  // per collective; overridden by $TANDEM_DIST_TIMEOUT (seconds)
+  bool use_gpu = true;           // bind to a GPU and make the NCCL group when CUDA devices exist
+};
+
+struct World {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1;
+  Device device;                            // cuda:(local_rank % device_count) or cpu
+  std::shared_ptr<ProcessGroup> cpu_group;  // MPI, always
+  std::shared_ptr<ProcessGroup> gpu_group;  // NCCL, when the device is a GPU (and NCCL is built)
+  // gpu_group for cuda tensors, cpu_group for cpu ones. Throws a DeviceError for a GPU other than
+  // this rank's, or when there is no NCCL group (saying why).
+  ProcessGroup& group_for(const Device& d) const;
+};
+
+// Initialises MPI (if not yet; with MPI_THREAD_MULTIPLE if available, else SERIALIZED), reads
+// rank/size, finds the local rank with MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), binds the process
+// to GPU local_rank % device_count (cudaSetDevice), creates the NCCL communicator from an
+// ncclUniqueId that rank 0 broadcasts over MPI. Idempotent: later calls return the same World (their
+// options are ignored). Works as a world of one without mpirun. NCCL needs a GPU per rank: when a
+// node runs more ranks than it has GPUs, the world has no gpu_group (group_for says so).
+const World& init(const InitOptions& options = {});
+bool is_initialized();
+const World& world();  // throws if init() was not called
+// Destroys communicators, MPI_Finalize (only if init() initialised MPI, and only when no collective
+// is left pending, which would make it hang); safe to call twice; registered atexit by init. MPI
+// cannot be initialised again afterwards.
+void finalize();
+
+}  // namespace tandem::dist

@@ -1,0 +1,16 @@
+#pragma once
+// Gradient clipping by global norm, like torch.nn.utils.clip_grad_norm_.
+#include <vector>
+
+#include "tandem/core/tensor.h"
+
+namespace tandem::optim {
+
+// Scales the gradients of `params` in place by min(1, max_norm / (norm + 1e-6)), where norm is
+// the L2 norm of all of them together, and returns that norm (before clipping) as a 0-dim tensor
+// on the first gradient's device: f32, or f64 when a gradient is f64. Parameters without a
+// gradient are skipped (no gradient at all: a 0 on the cpu). Everything stays on the device: the
+// host never waits for the norm.
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+
+}  // namespace tandem::optim

@@ -1,0 +1,210 @@
+// DistributedDataParallel and DistributedSampler under mpirun -np 2 (CPU/MPI everywhere; the
+// same tests run on GPUs with NCCL where there are two).
+#include <algorithm>
+#include <set>
+
+#include "support/test_util.h"
+#include "tandem/dist/ddp.h"
+#include "tandem/optim/optimizer.h"
+
+namespace tandem {
+namespace {
+
+using dist::DistributedDataParallel;
+
+Device test_device() { return dist::world().device; }
+
+// These tests describe two ranks; the np 1 runs of the suite skip them.
+#define REQUIRE_TWO_RANKS()                                                              \
+  do {                                                                                   \
+    if (dist::world().size != 2) GTEST_SKIP() << "needs mpirun -np 2";                   \
+  } while (0)
+
+std::shared_ptr<nn::Sequential> make_mlp(TensorOptions o) {
+  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(12, 32, true, o), std::make_shared<nn::Tanh>(),
+      std::make_shared<nn::Linear>(32, 32, true, o), std::make_shared<nn::GELU>(),
+      std::make_shared<nn::Linear>(32, 5, true, o)});
+}
+
+std::shared_ptr<nn::Sequential> make_cnn(TensorOptions o) {
+  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Conv2d>(1, 4, 3, nn::Conv2dOptions{1, 1}, o), std::make_shared<nn::BatchNorm2d>(4, 1e-5, 0.1, o),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2), std::make_shared<nn::Flatten>(),
+      std::make_shared<nn::Linear>(4 * 4 * 4, 5, true, o)});
+}
+
+// Copies every parameter and buffer of `from` into `to` (same architecture).
+void copy_model(nn::Module& from, nn::Module& to) {
+  std::map<std::string, Tensor> state;
+  for (auto& [name, t] : from.state_dict()) state[name] = t;
+  to.load_state_dict(state);
+}
+
+// Two ranks with local batch B against one process with global batch 2B: after 5 SGD steps the
+// parameters agree. With batch norm, DDP normalises each rank's half with that half's statistics
+// (no SyncBatchNorm), so the single-process reference runs the two halves as two forward passes
+// and averages their gradients: the same global batch, the same arithmetic.
+void check_equivalence(const std::function<std::shared_ptr<nn::Sequential>(TensorOptions)>& make, const Shape& input,
+                       bool halves_in_reference) {
+  const dist::World& w = dist::world();
+  TensorOptions o(DType::f32, test_device());
+  manual_seed(1234);
+  auto model = make(o);
+  auto reference = make(o);
+  copy_model(*model, *reference);
+  DistributedDataParallel ddp(model, {0.001, 0.0005});  // tiny buckets: several of them
+  const int64_t b = input[0];
+  Shape global = input;
+  global[0] = 2 * b;
+  optim::SGD opt(model->parameters(), {0.05, 0.9});
+  optim::SGD ref_opt(reference->parameters(), {0.05, 0.9});
+  for (int step = 0; step < 5; ++step) {
+    Generator gen(100 + step);  // the same global batch on every rank
+    Tensor x = to(randn(global, DType::f32, &gen), test_device());
+    Tensor y = to(randint(0, 5, {2 * b}, DType::i64, &gen), test_device());
+    Tensor local_x = narrow(x, 0, w.rank * b, b), local_y = narrow(y, 0, w.rank * b, b);
+    opt.zero_grad();
+    cross_entropy(ddp(contiguous(local_x)), contiguous(local_y)).backward();
+    opt.step();
+
+    ref_opt.zero_grad();
+    if (halves_in_reference) {
+      for (int half = 0; half < 2; ++half) {
+        Tensor loss = cross_entropy((*reference)(contiguous(narrow(x, 0, half * b, b))), contiguous(narrow(y, 0, half * b, b)));
+        mul(loss, 0.5).backward();
+      }
+    } else {
+      cross_entropy((*reference)(x), y).backward();
+    }
+    ref_opt.step();
+  }
+  auto got = model->named_parameters(), expected = reference->named_parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(testing::all_close(got[i].second, expected[i].second, 1e-5, 1e-6)) << got[i].first;
+  }
+}
+
+TEST(Ddp, TwoRanksEqualOneProcessWithTheGlobalBatchMlp) {
+  REQUIRE_TWO_RANKS();
+  check_equivalence(make_mlp, {8, 12}, false);
+}
+TEST(Ddp, TwoRanksEqualOneProcessWithTheGlobalBatchCnn) {
+  REQUIRE_TWO_RANKS();
+  check_equivalence(make_cnn, {6, 1, 8, 8}, true);
+}
+
+TEST(Ddp, ConstructionBroadcastsRankZerosParameters) {
+  REQUIRE_TWO_RANKS();
+  const dist::World& w = dist::world();
+  manual_seed(1000 + w.rank);  // deliberately different initialisations
+  auto model = make_mlp(TensorOptions(DType::f32, test_device()));
+  DistributedDataParallel ddp(model);
+  for (const Tensor& p : model->parameters()) {
+    Tensor gathered = empty({w.size * p.numel()}, p.options());
+    w.group_for(p.device()).all_gather(gathered, contiguous(reshape(p, {-1})))->synchronize();
+    EXPECT_TRUE(testing::all_close(narrow(gathered, 0, 0, p.numel()), narrow(gathered, 0, p.numel(), p.numel()), 0, 0));
+  }
+}
+
+TEST(Ddp, FirstBucketIsLaunchedBeforeTheLastGradientExists) {
+  REQUIRE_TWO_RANKS();
+  manual_seed(7);
+  auto model = make_mlp(TensorOptions(DType::f32, test_device()));
+  DistributedDataParallel ddp(model, {0.002, 0.001});
+  ASSERT_GE(ddp.bucket_plan().size(), 3u);
+  // The first bucket holds the last layer's parameters.
+  EXPECT_EQ(ddp.bucket_plan()[0][0], static_cast<int64_t>(model->parameters().size()) - 1);
+  Tensor x = to(testing::random_tensor({4, 12}, DType::f32), test_device());
+  sum(ddp(x)).backward();
+  const dist::DdpStats& s = ddp.stats();
+  EXPECT_EQ(s.buckets, static_cast<int64_t>(ddp.bucket_plan().size()));
+  EXPECT_LT(s.launched_after_gradients[0], s.total_gradients);
+  EXPECT_GT(s.bytes, 0);
+  EXPECT_GE(s.hidden_fraction, 0.0);
+}
+
+TEST(Ddp, GradientsAreAveragedAcrossRanks) {
+  REQUIRE_TWO_RANKS();
+  const dist::World& w = dist::world();
+  manual_seed(9);
+  auto model = std::make_shared<nn::Linear>(3, 2, true, TensorOptions(DType::f32, test_device()));
+  DistributedDataParallel ddp(model);
+  Tensor x = to(full({1, 3}, 1.0 + w.rank), test_device());  // rank r feeds (1 + r)
+  sum(ddp(x)).backward();
+  // d sum(xW^T + b) / dW = x for each row; averaged over ranks: (1 + 2) / 2.
+  EXPECT_TRUE(testing::all_close(model->weight.grad(), std::vector<double>(6, 1.5), 0, 1e-6));
+  EXPECT_TRUE(testing::all_close(model->bias.grad(), std::vector<double>(2, 1.0), 0, 1e-6));
+}
+
+TEST(Ddp, NoSyncAccumulatesLocallyThenReducesTheSum) {
+  REQUIRE_TWO_RANKS();
+  const dist::World& w = dist::world();
+  manual_seed(11);
+  auto model = std::make_shared<nn::Linear>(3, 2, true, TensorOptions(DType::f32, test_device()));
+  DistributedDataParallel ddp(model);
+  Tensor x = to(full({1, 3}, 1.0 + w.rank), test_device());
+  {
+    auto guard = ddp.no_sync();
+    sum(ddp(x)).backward();
+    // Local only: rank r still sees its own (1 + r).
+    EXPECT_TRUE(testing::all_close(model->weight.grad(), std::vector<double>(6, 1.0 + w.rank), 0, 1e-6));
+  }
+  sum(ddp(x)).backward();
+  // Local sums 2 (1 + r), averaged: (2 + 4) / 2 = 3.
+  EXPECT_TRUE(testing::all_close(model->weight.grad(), std::vector<double>(6, 3.0), 0, 1e-6));
+}
+
+TEST(Ddp, UnusedParameterIsAnErrorNamingItUnlessAllowed) {
+  REQUIRE_TWO_RANKS();
+  struct TwoHeads : nn::Module {
+    explicit TwoHeads(TensorOptions o) {
+      a = register_module("a", std::make_shared<nn::Linear>(3, 2, true, o));
+      b = register_module("b", std::make_shared<nn::Linear>(3, 2, true, o));
+    }
+    Tensor forward(const Tensor& x) override { return (*a)(x); }
+    std::shared_ptr<nn::Linear> a, b;
+  };
+  TensorOptions o(DType::f32, test_device());
+  Tensor x = to(testing::random_tensor({2, 3}, DType::f32), test_device());
+  {
+    DistributedDataParallel ddp(std::make_shared<TwoHeads>(o));
+    EXPECT_TRUE(testing::throws_with<ValueError>([&] { sum(ddp(x)).backward(); }, {"b.weight", "b.bias", "find_unused_parameters"}));
+  }
+  dist::DdpOptions allow;
+  allow.find_unused_parameters = true;
+  auto model = std::make_shared<TwoHeads>(o);
+  DistributedDataParallel ddp(model, allow);
+  sum(ddp(x)).backward();
+  EXPECT_TRUE(testing::all_close(model->b->weight.grad(), std::vector<double>(6, 0.0)));
+}
+
+TEST(Ddp, ModelsThatDifferAcrossRanksAreAConstructionError) {
+  REQUIRE_TWO_RANKS();
+  const dist::World& w = dist::world();
+  auto model = std::make_shared<nn::Linear>(3, w.rank == 0 ? 2 : 4, true, TensorOptions(DType::f32, test_device()));
+  EXPECT_TRUE(testing::throws_with<ValueError>([&] { DistributedDataParallel ddp(model); },
+                                               {"differs between rank", "'weight'", "same model"}));
+}
+
+TEST(Ddp, SamplerShardsDisjointlyAndUnevenDataDoesNotHang) {
+  REQUIRE_TWO_RANKS();
+  const dist::World& w = dist::world();
+  dist::DistributedSampler sampler(7, w.rank, w.size, true, 42);
+  EXPECT_EQ(sampler.num_samples(), 4);
+  std::vector<int64_t> mine = sampler.indices(3);
+  ASSERT_EQ(mine.size(), 4u);
+  Tensor all = empty({8}, DType::i64);
+  w.cpu_group->all_gather(all, from_vector(mine))->synchronize();
+  std::vector<int64_t> every = all.to_vector<int64_t>();
+  std::set<int64_t> distinct(every.begin(), every.end());
+  EXPECT_EQ(distinct.size(), 7u);  // all 7 samples, one repeated as padding
+  EXPECT_NE(sampler.indices(3), sampler.indices(4));
+  // The same number of steps on every rank: one all-reduce per index completes everywhere.
+  for (size_t i = 0; i < mine.size(); ++i) w.cpu_group->all_reduce(ones({1}))->synchronize();
+  dist::DistributedSampler dropping(7, w.rank, w.size, true, 42, /*drop_last=*/true);
+  EXPECT_EQ(dropping.indices(0).size(), 3u);
+}
+
+}  // namespace
+}  // namespace tandem
