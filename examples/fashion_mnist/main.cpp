@@ -31,6 +31,7 @@ struct Config {
   int64_t batch_size = 128;  // global: split across ranks
   double lr = 1e-3;
   std::string optimizer = "adamw";
+  std::string schedule = "cosine";  // cosine: decay to 0 over the whole run; none: constant
   double momentum = 0.9;
   double weight_decay = 0.0;
   std::string device = "auto";
@@ -135,6 +136,11 @@ int run(const Config& cfg) {
   int64_t steps_per_epoch = (train_shard.num_samples() + local_batch - 1) / local_batch;
   if (cfg.max_steps_per_epoch > 0) steps_per_epoch = std::min(steps_per_epoch, cfg.max_steps_per_epoch);
   const int64_t total_steps = steps_per_epoch * cfg.epochs;
+  std::unique_ptr<optim::LRSchedule> schedule;
+  if (cfg.schedule == "cosine") {
+    schedule = std::make_unique<optim::CosineAnnealingLR>(total_steps);
+    schedule->apply(*opt, position.step);  // from the start, or where a resumed run left off
+  }
   if (lead) {
     std::printf("fashion_mnist: %s, %lld parameters, %s, %d rank(s), global batch %lld (%lld per rank), %s lr %g\n",
                 cfg.model.c_str(), static_cast<long long>(model->num_parameters()), device.str().c_str(), world.size,
@@ -145,6 +151,7 @@ int run(const Config& cfg) {
                             {"batch_size", cfg.batch_size}, {"world_size", world.size}, {"device", device.str()},
                             {"epochs", nlohmann::json::array()}};
   auto run_start = std::chrono::steady_clock::now();
+  const int64_t first_epoch = position.epoch;
   for (int64_t epoch = position.epoch; epoch < cfg.epochs; ++epoch) {
     // Each epoch's order follows from (seed, epoch): a resumed run sees the same batches.
     train_loader.set_indices(train_shard.indices(epoch));
@@ -162,6 +169,7 @@ int run(const Config& cfg) {
       opt->zero_grad();
       loss.backward();
       opt->step();
+      if (schedule) schedule->step(*opt);
       ++position.step;
       ++step_in_epoch;
       {
@@ -181,9 +189,10 @@ int run(const Config& cfg) {
         window_correct = zeros({}, TensorOptions(DType::f32, device));
         window_seen = 0;
         double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-        double done = static_cast<double>((epoch - position.epoch) * steps_per_epoch + step_in_epoch);
+        double done = static_cast<double>((epoch - first_epoch) * steps_per_epoch + step_in_epoch);
         double rate = seen / std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-        double eta = elapsed / std::max(1.0, done) * (static_cast<double>(total_steps - epoch * steps_per_epoch) - step_in_epoch);
+        double remaining = static_cast<double>(total_steps - epoch * steps_per_epoch - step_in_epoch);
+        double eta = elapsed / std::max(1.0, done) * remaining;
         if (lead && log_now) {
           std::printf("epoch %lld step %lld/%lld  loss %.4f  acc %.4f  %.0f samples/s  ETA %s\n",
                       static_cast<long long>(epoch + 1), static_cast<long long>(step_in_epoch),
@@ -225,6 +234,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", cfg.batch_size, "global batch size (split across ranks)")->check(CLI::PositiveNumber);
   app.add_option("--lr", cfg.lr, "learning rate")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", cfg.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
+  app.add_option("--schedule", cfg.schedule, "learning-rate schedule: cosine (to 0 over the run) or none")
+      ->check(CLI::IsMember({"cosine", "none"}));
   app.add_option("--momentum", cfg.momentum, "SGD momentum");
   app.add_option("--weight-decay", cfg.weight_decay, "weight decay");
   app.add_option("--device", cfg.device, "auto (a GPU when present), cpu, cuda or cuda:N");
