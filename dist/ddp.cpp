@@ -1,5 +1,6 @@
 #include "tandem/dist/ddp.h"
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 
@@ -218,9 +219,20 @@ void DistributedDataParallel::on_gradient(int64_t index) {
     autograd::queue_callback([this] { finish_backward(); });
   }
   if (ready_[index]) return;  // a second accumulation in the same backward adds into the same view
+  // The gradient must live in its bucket slot. If it was dropped after forward (zero_grad between
+  // forward and backward), accumulation made a fresh tensor: move it into the slot.
+  Bucket& bucket = *buckets_[bucket_of_[index]];
+  const Tensor& p = params_[index];
+  size_t k = std::find(bucket.params.begin(), bucket.params.end(), index) - bucket.params.begin();
+  Tensor slot = views::view(views::narrow(bucket.buffer, 0, bucket.offsets[k], p.numel()), p.shape());
+  Tensor g = p.grad();
+  if (!g.storage().is_same(bucket.buffer.storage()) || g.offset() != slot.offset()) {
+    kernels::copy_(slot, g);
+    p.set_grad(slot);
+  }
   ready_[index] = true;
   ++gradients_seen_;
-  --buckets_[bucket_of_[index]]->pending;
+  --bucket.pending;
   if (options_.overlap) launch_ready_buckets();
 }
 

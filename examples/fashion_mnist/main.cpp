@@ -164,9 +164,9 @@ int run(const Config& cfg) {
     int64_t step_in_epoch = 0;
     while (auto batch = train_loader.next()) {
       if (step_in_epoch >= steps_per_epoch) break;
+      opt->zero_grad();
       Tensor logits = forward(batch->inputs);
       Tensor loss = cross_entropy(logits, batch->targets);
-      opt->zero_grad();
       loss.backward();
       opt->step();
       if (schedule) schedule->step(*opt);

@@ -137,6 +137,21 @@ TEST(Ddp, GradientsAreAveragedAcrossRanks) {
   EXPECT_TRUE(testing::all_close(model->bias.grad(), std::vector<double>(2, 1.0), 0, 1e-6));
 }
 
+TEST(Ddp, GradientsDroppedBetweenForwardAndBackwardAreStillReduced) {
+  REQUIRE_TWO_RANKS();
+  const dist::World& w = dist::world();
+  manual_seed(10);
+  auto model = std::make_shared<nn::Linear>(3, 2, true, TensorOptions(DType::f32, test_device()));
+  DistributedDataParallel ddp(model);
+  Tensor x = to(full({1, 3}, 1.0 + w.rank), test_device());
+  Tensor y = ddp(x);
+  model->zero_grad();  // drops the bucket views after forward
+  sum(y).backward();
+  EXPECT_TRUE(testing::all_close(model->weight.grad(), std::vector<double>(6, 1.5), 0, 1e-6));
+  sum(ddp(x)).backward();  // and the next step accumulates into the bucket again
+  EXPECT_TRUE(testing::all_close(model->weight.grad(), std::vector<double>(6, 3.0), 0, 1e-6));
+}
+
 TEST(Ddp, NoSyncAccumulatesLocallyThenReducesTheSum) {
   REQUIRE_TWO_RANKS();
   const dist::World& w = dist::world();
