@@ -2,7 +2,8 @@
 # optimizer state, position, generator state) must be byte for byte the same.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
-set(args --device cpu --model cnn --max-steps-per-epoch 15 --log-every 0 --seed 5)
+# A constant learning rate: a cosine schedule would be planned over 2 epochs in the shorter run.
+set(args --device cpu --model cnn --max-steps-per-epoch 15 --log-every 0 --seed 5 --schedule none)
 execute_process(COMMAND ${PROGRAM} ${args} --epochs 3 --save ${WORK}/straight.safetensors RESULT_VARIABLE r1)
 execute_process(COMMAND ${PROGRAM} ${args} --epochs 2 --save ${WORK}/resumed.safetensors RESULT_VARIABLE r2)
 execute_process(COMMAND ${PROGRAM} ${args} --epochs 3 --resume ${WORK}/resumed.safetensors
