@@ -69,6 +69,26 @@ bool is_comparison(BinaryOp op) {
          op == BinaryOp::gt || op == BinaryOp::ge;
 }
 
+bool is_floating_only(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::exp:
+    case UnaryOp::log:
+    case UnaryOp::sqrt:
+    case UnaryOp::rsqrt:
+    case UnaryOp::tanh:
+    case UnaryOp::sigmoid:
+    case UnaryOp::gelu_tanh:
+    case UnaryOp::gelu_erf:
+    case UnaryOp::pow_scalar: return true;
+    default: return false;
+  }
+}
+
+bool is_floating_only(BinaryOp op) {
+  return op == BinaryOp::div || op == BinaryOp::pow || op == BinaryOp::relu_backward ||
+         op == BinaryOp::gelu_tanh_backward || op == BinaryOp::gelu_erf_backward;
+}
+
 // Calls the backend of `device` (the same function name exists in cpu:: and cuda::).
 #define TANDEM_ROUTE(device, fn, ...) \
   ((device).is_cpu() ? cpu::fn(__VA_ARGS__) : cuda::fn(__VA_ARGS__))

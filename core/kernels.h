@@ -81,6 +81,9 @@ const char* unary_op_name(UnaryOp op);
 const char* binary_op_name(BinaryOp op);
 const char* reduce_op_name(ReduceOp op);
 bool is_comparison(BinaryOp op);
+// Ops defined only for floating-point dtypes (exp, div, the activation gradients, ...).
+bool is_floating_only(UnaryOp op);
+bool is_floating_only(BinaryOp op);
 
 namespace kernels {
 

@@ -13,21 +13,6 @@
 namespace tandem::cpu {
 
 namespace {
-bool floating_only(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::exp:
-    case UnaryOp::log:
-    case UnaryOp::sqrt:
-    case UnaryOp::rsqrt:
-    case UnaryOp::tanh:
-    case UnaryOp::sigmoid:
-    case UnaryOp::gelu_tanh:
-    case UnaryOp::gelu_erf:
-    case UnaryOp::pow_scalar: return true;
-    default: return false;
-  }
-}
-
 template <typename T>
 void unary_typed(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double beta) {
   using C = compute_t<T>;
@@ -77,7 +62,7 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double 
     });
     return;
   }
-  if (floating_only(op)) {
+  if (is_floating_only(op)) {
     dispatch_floating(x.dtype(), name, "cpu", [&](auto tag) { unary_typed<decltype(tag)>(op, x, out, alpha, beta); });
   } else {
     dispatch_numeric(x.dtype(), name, "cpu", [&](auto tag) { unary_typed<decltype(tag)>(op, x, out, alpha, beta); });
@@ -128,17 +113,13 @@ void arithmetic_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tenso
   }
 }
 
-bool floating_only(BinaryOp op) {
-  return op == BinaryOp::div || op == BinaryOp::pow || op == BinaryOp::relu_backward ||
-         op == BinaryOp::gelu_tanh_backward || op == BinaryOp::gelu_erf_backward;
-}
 }  // namespace
 
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const char* name = binary_op_name(op);
   if (is_comparison(op)) {
     dispatch_all(a.dtype(), name, "cpu", [&](auto tag) { comparison_typed<decltype(tag)>(op, a, b, out); });
-  } else if (floating_only(op)) {
+  } else if (is_floating_only(op)) {
     dispatch_floating(a.dtype(), name, "cpu", [&](auto tag) { arithmetic_typed<decltype(tag)>(op, a, b, out); });
   } else {
     dispatch_numeric(a.dtype(), name, "cpu", [&](auto tag) { arithmetic_typed<decltype(tag)>(op, a, b, out); });

@@ -8,26 +8,6 @@
 namespace tandem::cuda {
 
 namespace {
-bool floating_only(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::exp:
-    case UnaryOp::log:
-    case UnaryOp::sqrt:
-    case UnaryOp::rsqrt:
-    case UnaryOp::tanh:
-    case UnaryOp::sigmoid:
-    case UnaryOp::gelu_tanh:
-    case UnaryOp::gelu_erf:
-    case UnaryOp::pow_scalar: return true;
-    default: return false;
-  }
-}
-
-bool floating_only(BinaryOp op) {
-  return op == BinaryOp::div || op == BinaryOp::pow || op == BinaryOp::relu_backward ||
-         op == BinaryOp::gelu_tanh_backward || op == BinaryOp::gelu_erf_backward;
-}
-
 // Wraps a formula on the compute type C into an element function on T.
 template <typename T, typename Fn>
 struct OnAcc1 {
@@ -200,7 +180,7 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double 
   auto typed = [&](auto tag) { unary_typed<device_t<decltype(tag)>>(op, x, out, alpha, beta); };
   if (op == UnaryOp::logical_not) {
     dispatch_all(x.dtype(), name, "cuda", [&](auto tag) { logical_not_typed<device_t<decltype(tag)>>(x, out); });
-  } else if (floating_only(op)) {
+  } else if (is_floating_only(op)) {
     dispatch_floating(x.dtype(), name, "cuda", typed);
   } else {
     dispatch_numeric(x.dtype(), name, "cuda", typed);
@@ -212,7 +192,7 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   auto arithmetic = [&](auto tag) { arithmetic_typed<device_t<decltype(tag)>>(op, a, b, out); };
   if (is_comparison(op)) {
     dispatch_all(a.dtype(), name, "cuda", [&](auto tag) { comparison_typed<device_t<decltype(tag)>>(op, a, b, out); });
-  } else if (floating_only(op)) {
+  } else if (is_floating_only(op)) {
     dispatch_floating(a.dtype(), name, "cuda", arithmetic);
   } else {
     dispatch_numeric(a.dtype(), name, "cuda", arithmetic);
