@@ -1,5 +1,6 @@
 #pragma once
 // Everything a training program needs, in one include.
+#include "tandem/amp/grad_scaler.h"
 #include "tandem/autograd/gradcheck.h"
 #include "tandem/autograd/grad_mode.h"
 #include "tandem/autograd/ops.h"

@@ -65,14 +65,15 @@ namespace tandem {
   void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,           \
                            const Tensor& save_mean, const Tensor& save_invstd,                      \
                            const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias); \
-  /* fused optimizer steps over lists, one entry per tensor: params and grads (n_i) contiguous, */  \
-  /* of one float dtype, on one device; state (n_i) contiguous in optimizer_state_dtype(); */       \
-  /* momentum_buffers empty when h.momentum == 0 */                                                 \
-  void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,                \
-                const std::vector<Tensor>& momentum_buffers, const SgdHyper& h);                    \
-  void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,              \
-                  const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,        \
-                  const AdamWHyper& h);
+  /* fused optimizer steps (see UpdateTensors): params, grads, states and masters contiguous, */   \
+  /* params of one float dtype on one device, masters either empty or one (maybe undefined) each */ \
+  void sgd_step(const UpdateTensors& t, const SgdHyper& h);                                        \
+  void adamw_step(const UpdateTensors& t, const AdamWHyper& h);                                    \
+  /* grads contiguous, of one float dtype on one device; inv_scale may be undefined */             \
+  void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf,      \
+                                     const Tensor& inv_scale);                                      \
+  void update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,     \
+                     double growth, double backoff, int64_t growth_interval);
 
 namespace cpu {
 TANDEM_BACKEND_KERNELS

@@ -62,16 +62,32 @@ struct SgdHyper {
 
 // One AdamW step, PyTorch's rule: p *= 1 - lr * weight_decay; m = beta1 m + (1 - beta1) g;
 // v = beta2 v + (1 - beta2) g^2; p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), where
-// bc1 = 1 - beta1^step and bc2 = 1 - beta2^step.
+// bc1 = 1 - beta1^t and bc2 = 1 - beta2^t for the parameter's step t (its step count + 1).
 struct AdamWHyper {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
-  int64_t step = 1;  // the number of this step, counting from 1
-  double bias_correction1() const { return 1.0 - std::pow(beta1, static_cast<double>(step)); }
-  double bias_correction2() const { return 1.0 - std::pow(beta2, static_cast<double>(step)); }
+};
+
+// The tensors of one fused optimizer update, one entry per parameter in every list.
+// - grads: the parameter's dtype and shape.
+// - states: [role][parameter], contiguous, in optimizer_state_dtype(): SGD's momentum buffers
+//   (one role, or none when the momentum is 0), AdamW's exp_avg and exp_avg_sq.
+// - steps (AdamW): 0-dim f32 step counts, read on the device (the bias corrections use count + 1)
+//   and incremented by the update, so a skipped step leaves them as they were.
+// - masters: empty, or f32 master weights (undefined where a parameter has none). With one, the
+//   update reads and writes the master in f32 and stores it rounded into the parameter.
+// - found_inf, inv_scale (GradScaler): 0-dim f32 tensors on the parameters' device, or
+//   undefined. When *found_inf != 0 the update changes nothing, decided on the device; otherwise
+//   every gradient is multiplied by *inv_scale as it is read.
+struct UpdateTensors {
+  std::vector<Tensor> params, grads;
+  std::vector<std::vector<Tensor>> states;
+  std::vector<Tensor> steps;
+  std::vector<Tensor> masters;
+  Tensor found_inf, inv_scale;
 };
 
 // The dtype of optimizer state (momentum, moments): f32 for 16-bit parameters, else theirs.
@@ -167,15 +183,22 @@ void random_(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset,
 void add_(const Tensor& dst, const Tensor& src, double alpha = 1.0);  // dst += alpha * src
 void mul_(const Tensor& dst, double value);                            // dst *= value
 
-// Fused optimizer updates over lists of tensors, in place (see SgdHyper, AdamWHyper). Every list
-// has one entry per parameter, on the parameter's device: grads in the parameter's dtype and
-// shape, state in optimizer_state_dtype() and contiguous. Parameters may have different dtypes
-// and devices (one fused update per device and dtype) and any layout. momentum_buffers is empty
-// when h.momentum is 0.
-void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-              const std::vector<Tensor>& momentum_buffers, const SgdHyper& h);
-void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq, const AdamWHyper& h);
+// Fused optimizer updates over lists of tensors, in place (see SgdHyper, AdamWHyper,
+// UpdateTensors). Parameters may have different dtypes and devices (one fused update per device
+// and dtype) and any layout.
+void sgd_step(const UpdateTensors& t, const SgdHyper& h);
+void adamw_step(const UpdateTensors& t, const AdamWHyper& h);
+
+// GradScaler's kernels. non_finite_check_and_unscale_ sets found_inf (0-dim f32) to 1 when any
+// element of `grads` is inf or NaN (it never clears it), and multiplies every gradient in place by
+// inv_scale (0-dim f32) unless inv_scale is undefined. update_scale_ applies PyTorch's dynamic
+// loss scaling rule on the device: after an overflow scale *= backoff and growth_tracker = 0;
+// otherwise growth_tracker += 1, and at growth_interval the scale is multiplied by growth (if
+// that stays finite) and the tracker restarts. scale and found_inf are 0-dim f32, growth_tracker
+// 0-dim i32, all on one device.
+void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, const Tensor& inv_scale);
+void update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf, double growth,
+                   double backoff, int64_t growth_interval);
 
 }  // namespace kernels
 }  // namespace tandem

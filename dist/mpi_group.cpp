@@ -55,15 +55,42 @@ MPI_Datatype transfer_type(DType dtype) {
 }
 
 MPI_Datatype reduce_type(DType dtype, ReduceOp op, const char* name) {
-  TANDEM_CHECK_AS(TypeError, !is_half(dtype), "mpi ", name, ": ", dtype_name(dtype),
-                  " cannot be reduced over MPI (MPI has no 16-bit float type, and reducing the raw bits would be "
-                  "wrong): reduce an f32 copy, or use cuda tensors (NCCL reduces f16 and bf16)");
   TANDEM_CHECK_AS(TypeError, dtype != DType::boolean || op == ReduceOp::max || op == ReduceOp::min, "mpi ", name,
                   ": bool tensors reduce with max (any) or min (all), not ", reduce_op_name(op));
   return transfer_type(dtype);
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// MPI has no 16-bit float types: f16 and bf16 travel as 16-bit integers and reduce through
+// user-defined operations that widen each pair of elements to f32, combine them and round back
+// (what NCCL does for them too).
+template <typename H, ReduceOp kOp>
+void combine_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
+  const H* a = static_cast<const H*>(in);  // (len,)
+  H* b = static_cast<H*>(inout);           // (len,)
+  for (int i = 0; i < *len; ++i) {
+    const float x = a[i], y = b[i];
+    float r = x + y;
+    if (kOp == ReduceOp::max) r = (x > y || x != x) ? x : y;  // NaN wins, like NCCL
+    if (kOp == ReduceOp::min) r = (x < y || x != x) ? x : y;
+    b[i] = H(r);
+  }
+}
+
+// Made at the first use (MPI is initialised by then), under mpi_mutex() like every MPI call.
+MPI_Op op_16bit(DType dtype, ReduceOp op) {
+  static MPI_Op ops[2][3] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
+  static MPI_User_function* const functions[2][3] = {
+      {combine_16bit<Half, ReduceOp::sum>, combine_16bit<Half, ReduceOp::max>, combine_16bit<Half, ReduceOp::min>},
+      {combine_16bit<BFloat16, ReduceOp::sum>, combine_16bit<BFloat16, ReduceOp::max>,
+       combine_16bit<BFloat16, ReduceOp::min>}};
+  const int d = dtype == DType::f16 ? 0 : 1;
+  const int o = op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0;  // sum and avg add
+  if (ops[d][o] == MPI_OP_NULL) MPI_Op_create(functions[d][o], 1, &ops[d][o]);
+  return ops[d][o];
+}
+
+MPI_Op mpi_op(ReduceOp op, DType dtype) {
+  if (is_half(dtype)) return op_16bit(dtype, op);
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg: return MPI_SUM;  // avg divides afterwards
@@ -94,6 +121,8 @@ void divide_in_place(const Tensor& t, int n) {
     case DType::i32: divide_typed<int32_t>(t, n); return;
     case DType::i64: divide_typed<int64_t>(t, n); return;
     case DType::u8: divide_typed<uint8_t>(t, n); return;
+    case DType::f16: divide_typed<Half>(t, n); return;
+    case DType::bf16: divide_typed<BFloat16>(t, n); return;
     default: TANDEM_THROW(TypeError, "mpi all_reduce: avg of ", dtype_name(t.dtype()), " is not supported");
   }
 }
@@ -322,8 +351,9 @@ class MpiGroup final : public ProcessGroup {
       int count = count_of(t, name);
       w->bytes += t.nbytes();
       void* data = t.data_ptr();
-      starts.emplace_back("MPI_Iallreduce", [this, data, count, type, op](MPI_Request* r) {
-        return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, mpi_op(op), core_->comm, r);
+      const DType dtype = t.dtype();
+      starts.emplace_back("MPI_Iallreduce", [this, data, count, type, op, dtype](MPI_Request* r) {
+        return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, mpi_op(op, dtype), core_->comm, r);
       });
     }
     check_disjoint(tensors, kBackend, name);
@@ -403,8 +433,10 @@ class MpiGroup final : public ProcessGroup {
     void* send = input.data_ptr();
     void* recv = target.data_ptr();
     std::lock_guard<std::mutex> lock(mpi_mutex());
-    return core_->post(w, {{"MPI_Ireduce_scatter_block", [this, send, recv, count, type, op](MPI_Request* r) {
-                              return MPI_Ireduce_scatter_block(send, recv, count, type, mpi_op(op), core_->comm, r);
+    const DType dtype = input.dtype();
+    return core_->post(w, {{"MPI_Ireduce_scatter_block", [this, send, recv, count, type, op, dtype](MPI_Request* r) {
+                              return MPI_Ireduce_scatter_block(send, recv, count, type, mpi_op(op, dtype),
+                                                               core_->comm, r);
                             }}});
   }
 

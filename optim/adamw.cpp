@@ -1,12 +1,11 @@
 #include "tandem/optim/adamw.h"
 
-#include <map>
-
 #include "tandem/core/kernels.h"
 
 namespace tandem::optim {
 
-AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options) : defaults_(options) {
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
+    : Optimizer(options.master_weights), defaults_(options) {
   TANDEM_CHECK_AS(ValueError, !params.empty(), "AdamW: got an empty parameter list");
   add_param_group(std::move(params), options);
 }
@@ -54,28 +53,28 @@ void AdamW::set_hyper_parameter(ParamGroup& base, const std::string& name, doubl
   else TANDEM_THROW(ValueError, "AdamW: no hyper-parameter \"", name, "\"");
 }
 
-void AdamW::update(ParamGroup& base, const std::vector<Item>& items) {
+void AdamW::update(ParamGroup& base, const std::vector<Item>& items, const StepScaling* scaling) {
   const auto& g = static_cast<const AdamWGroup&>(base);
-  // One fused update per step number: the bias corrections depend on it. Usually every parameter
-  // is at the same step.
-  struct Lists {
-    std::vector<Tensor> params, grads, exp_avg, exp_avg_sq;
-  };
-  std::map<int64_t, Lists> by_step;
+  UpdateTensors lists;
+  lists.states.resize(2);
   for (const Item& item : items) {
     ParamState& state = *item.state;
-    if (state.buffers.empty()) {
+    if (state.buffers.count("exp_avg") == 0) {
       const Tensor& p = item.param;
       TensorOptions options(optimizer_state_dtype(p.dtype()), p.device());
       state.buffers["exp_avg"] = zeros(p.shape(), options);
       state.buffers["exp_avg_sq"] = zeros(p.shape(), options);
-      state.step = 0;
     }
-    Lists& lists = by_step[state.step + 1];
     lists.params.push_back(item.param);
     lists.grads.push_back(item.grad);
-    lists.exp_avg.push_back(state.buffers.at("exp_avg"));
-    lists.exp_avg_sq.push_back(state.buffers.at("exp_avg_sq"));
+    lists.states[0].push_back(state.buffers.at("exp_avg"));
+    lists.states[1].push_back(state.buffers.at("exp_avg_sq"));
+    lists.steps.push_back(state.step_count);  // read and incremented on the device
+    lists.masters.push_back(item.master);
+  }
+  if (scaling != nullptr) {
+    lists.found_inf = scaling->found_inf;
+    lists.inv_scale = scaling->inv_scale;
   }
   AdamWHyper h;
   h.lr = g.lr;
@@ -83,11 +82,7 @@ void AdamW::update(ParamGroup& base, const std::vector<Item>& items) {
   h.beta2 = g.beta2;
   h.eps = g.eps;
   h.weight_decay = g.weight_decay;
-  for (auto& [step, lists] : by_step) {
-    h.step = step;
-    kernels::adamw_step(lists.params, lists.grads, lists.exp_avg, lists.exp_avg_sq, h);
-  }
-  for (const Item& item : items) ++item.state->step;
+  kernels::adamw_step(lists, h);
 }
 
 }  // namespace tandem::optim

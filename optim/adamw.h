@@ -3,7 +3,8 @@
 // p *= 1 - lr * weight_decay; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
 // p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps).
 // Moments are f32 for f32 and 16-bit parameters, f64 for f64 ones; each parameter counts its own
-// steps (one that had no gradient at some step is a step behind), as in PyTorch.
+// steps (one that had no gradient at some step is a step behind), as in PyTorch, in a 0-dim f32
+// tensor on its device (exact up to 2^24 steps).
 #include <vector>
 
 #include "tandem/optim/optimizer.h"
@@ -17,6 +18,9 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  // Optimizer-wide (the constructor's value counts): f16/bf16 parameters are updated through f32
+  // master weights.
+  bool master_weights = true;
 };
 
 struct AdamWGroup : ParamGroup {
@@ -40,7 +44,7 @@ class AdamW : public Optimizer {
   const char* name() const override { return "AdamW"; }
 
  protected:
-  void update(ParamGroup& group, const std::vector<Item>& items) override;
+  void update(ParamGroup& group, const std::vector<Item>& items, const StepScaling* scaling) override;
   void check_group(const ParamGroup& group) const override;
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   bool counts_steps() const override { return true; }

@@ -10,6 +10,7 @@ namespace tandem::optim {
 namespace {
 constexpr char kOptimizerPrefix[] = "optimizer/";
 constexpr char kHyperPrefix[] = "optimizer.";
+constexpr char kScalerPrefix[] = "grad_scaler.";
 
 std::string exact(double v) {
   char text[40];
@@ -26,7 +27,8 @@ int64_t to_int(const std::map<std::string, std::string>& m, const std::string& k
 }  // namespace
 
 void save_checkpoint(const std::string& path, const nn::Module& model, const Optimizer* optimizer,
-                     const TrainingPosition& position, const std::map<std::string, std::string>& extra) {
+                     const TrainingPosition& position, const std::map<std::string, std::string>& extra,
+                     const amp::GradScaler* scaler) {
   std::vector<std::pair<std::string, Tensor>> tensors = model.state_dict();
   std::map<std::string, std::string> metadata = extra;
   metadata["format"] = "tandem-checkpoint-1";
@@ -40,10 +42,14 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const Opt
     for (auto& [key, t] : state.tensors) tensors.emplace_back(kOptimizerPrefix + key, t);
     for (auto& [key, v] : state.metadata) metadata[kHyperPrefix + key] = exact(v);
   }
+  if (scaler != nullptr) {
+    for (auto& [key, v] : scaler->state_dict()) metadata[kScalerPrefix + key] = exact(v);
+  }
   save_safetensors(path, tensors, metadata);
 }
 
-LoadedCheckpoint load_checkpoint(const std::string& path, nn::Module& model, Optimizer* optimizer) {
+LoadedCheckpoint load_checkpoint(const std::string& path, nn::Module& model, Optimizer* optimizer,
+                                 amp::GradScaler* scaler) {
   SafetensorsFile file = load_safetensors(path);
   LoadedCheckpoint loaded;
   loaded.metadata = file.metadata;
@@ -67,6 +73,15 @@ LoadedCheckpoint load_checkpoint(const std::string& path, nn::Module& model, Opt
       if (key.rfind(hyper, 0) == 0) optimizer_state.metadata[key.substr(hyper.size())] = std::stod(value);
     }
     optimizer->load_state_dict(optimizer_state);
+  }
+  if (scaler != nullptr) {
+    std::map<std::string, double> state;
+    const std::string prefix_s = kScalerPrefix;
+    for (auto& [key, value] : file.metadata) {
+      if (key.rfind(prefix_s, 0) == 0) state[key.substr(prefix_s.size())] = std::stod(value);
+    }
+    TANDEM_CHECK_AS(ValueError, !state.empty(), "load_checkpoint: ", path, " holds no GradScaler state");
+    scaler->load_state_dict(state);
   }
   default_generator().set_state(static_cast<uint64_t>(std::stoull(file.metadata.at("rng_seed"))),
                                 static_cast<uint64_t>(std::stoull(file.metadata.at("rng_offset"))));

@@ -82,7 +82,22 @@ ParamGroup& Optimizer::add_group(std::unique_ptr<ParamGroup> group) {
   return *groups_.back();
 }
 
-void Optimizer::step() {
+void Optimizer::step() { step_impl(nullptr); }
+
+void Optimizer::step(const StepScaling& scaling) {
+  TANDEM_CHECK_AS(ValueError, scaling.found_inf.defined(), name(), ": step(scaling) needs a found_inf tensor");
+  step_impl(&scaling);
+}
+
+bool Optimizer::has_master(const Tensor& param) const { return master_weights_ && is_half(param.dtype()); }
+
+std::vector<std::string> Optimizer::state_names_of(const Tensor& param) const {
+  std::vector<std::string> names = state_names();
+  if (has_master(param)) names.push_back("master");
+  return names;
+}
+
+void Optimizer::step_impl(const StepScaling* scaling) {
   NoGradGuard no_grad;
   for (size_t g = 0; g < groups_.size(); ++g) {
     ParamGroup& group = *groups_[g];
@@ -100,15 +115,30 @@ void Optimizer::step() {
                       p.dtype(), " but its gradient is ", grad.dtype());
       TANDEM_CHECK_AS(DeviceError, grad.device() == p.device(), name(), ": parameter ", i, " of group ", g, " is on ",
                       p.device(), " but its gradient is on ", grad.device());
-      for (const auto& [buffer_name, buffer] : states[i].buffers) {
+      ParamState& state = states[i];
+      for (const auto& [buffer_name, buffer] : state.buffers) {
         TANDEM_CHECK_AS(ValueError, buffer.shape() == p.shape() && buffer.device() == p.device(), name(),
                         ": parameter ", i, " of group ", g, " is now ", shape_str(p.shape()), " on ", p.device(),
                         " but its ", buffer_name, " is ", shape_str(buffer.shape()), " on ", buffer.device(),
                         " (move or reshape parameters before creating the optimizer, or load a matching state)");
       }
-      items.push_back(Item{p, grad, &states[i]});
+      if (counts_steps() && !state.step_count.defined()) {
+        state.step_count = zeros({}, TensorOptions(DType::f32, p.device()));
+      }
+      Tensor master;
+      if (has_master(p)) {
+        auto found = state.buffers.find("master");
+        if (found == state.buffers.end()) {
+          master = empty(p.shape(), TensorOptions(DType::f32, p.device()));
+          kernels::copy_(master, p);
+          state.buffers["master"] = master;
+        } else {
+          master = found->second;
+        }
+      }
+      items.push_back(Item{p, grad, master, &state});
     }
-    if (!items.empty()) update(group, items);
+    if (!items.empty()) update(group, items, scaling);
   }
 }
 
@@ -151,7 +181,9 @@ StateDict Optimizer::state_dict() const {
       if (i >= state_[g].size() || state_[g][i].buffers.empty()) continue;
       const ParamState& ps = state_[g][i];
       for (const auto& [buffer_name, buffer] : ps.buffers) state.tensors[state_key(index, buffer_name)] = buffer;
-      if (counts_steps()) state.metadata[state_key(index, "step")] = static_cast<double>(ps.step);
+      if (counts_steps() && ps.step_count.defined()) {
+        state.metadata[state_key(index, "step")] = ps.step_count.item_double();  // waits for the device
+      }
     }
   }
   return state;
@@ -180,7 +212,6 @@ void Optimizer::load_state_dict(const StateDict& state) {
     for (const Tensor& p : group.params) flat.push_back(&p);
   }
 
-  const std::vector<std::string> names = state_names();
   std::vector<std::map<std::string, Tensor>> buffers(flat.size());
   for (const auto& [key, tensor] : state.tensors) {
     size_t index = 0;
@@ -189,13 +220,15 @@ void Optimizer::load_state_dict(const StateDict& state) {
                     "\" (state tensors are named state.<param>.<name>)");
     TANDEM_CHECK_AS(ValueError, index < flat.size(), "load_state_dict: tensor \"", key, "\" is for parameter ", index,
                     " but this ", name(), " has ", flat.size(), " parameters");
-    TANDEM_CHECK_AS(ValueError, std::find(names.begin(), names.end(), buffer_name) != names.end(),
-                    "load_state_dict: tensor \"", key, "\" is not state of ", name());
     const Tensor& p = *flat[index];
+    const std::vector<std::string> names = state_names_of(p);
+    TANDEM_CHECK_AS(ValueError, std::find(names.begin(), names.end(), buffer_name) != names.end(),
+                    "load_state_dict: tensor \"", key, "\" is not state of a ", p.dtype(), " parameter of ", name(),
+                    buffer_name == "master" ? " (master weights are for f16 and bf16 parameters, when enabled)" : "");
     TANDEM_CHECK_AS(ValueError, tensor.defined(), "load_state_dict: tensor \"", key, "\" is undefined");
     TANDEM_CHECK_AS(ValueError, tensor.shape() == p.shape(), "load_state_dict: tensor \"", key, "\" has shape ",
                     shape_str(tensor.shape()), " but parameter ", index, " has shape ", shape_str(p.shape()));
-    const DType expected = optimizer_state_dtype(p.dtype());
+    const DType expected = buffer_name == "master" ? DType::f32 : optimizer_state_dtype(p.dtype());
     TANDEM_CHECK_AS(TypeError, tensor.dtype() == expected, "load_state_dict: tensor \"", key, "\" is ",
                     tensor.dtype(), " but the state of a ", p.dtype(), " parameter is ", expected);
     buffers[index][buffer_name] = tensor;
@@ -203,7 +236,14 @@ void Optimizer::load_state_dict(const StateDict& state) {
   std::vector<int64_t> steps(flat.size(), 0);
   for (size_t i = 0; i < flat.size(); ++i) {
     if (buffers[i].empty()) continue;
-    for (const std::string& n : names) {
+    // The optimizer's own buffers come all or none (SGD without momentum has none); a 16-bit
+    // parameter with master weights must have its master once it has any state.
+    std::vector<std::string> required;
+    for (const std::string& n : state_names()) {
+      if (buffers[i].count(n) == 1) required = state_names();
+    }
+    if (has_master(*flat[i])) required.push_back("master");
+    for (const std::string& n : required) {
       TANDEM_CHECK_AS(ValueError, buffers[i].count(n) == 1, "load_state_dict: the state has ",
                       buffers[i].begin()->first, " for parameter ", i, " but lacks its ", n);
     }
@@ -248,7 +288,9 @@ void Optimizer::load_state_dict(const StateDict& state) {
         kernels::copy_(copy, saved);
         fresh[i].buffers[buffer_name] = copy;
       }
-      fresh[i].step = steps[index];
+      if (counts_steps() && !buffers[index].empty()) {
+        fresh[i].step_count = full({}, static_cast<double>(steps[index]), TensorOptions(DType::f32, p.device()));
+      }
     }
     state_[g] = std::move(fresh);
   }

@@ -9,15 +9,13 @@
 // kernels::adamw_step): one launch per group, device and dtype on a GPU. State is f32 for 16-bit
 // parameters (optimizer_state_dtype in core/kernels.h), the parameter's dtype otherwise.
 //
-// Mixed precision, by design: f32 master weights for 16-bit parameters would be one more state
-// tensor per parameter ("master", f32, created from the parameter at its first update) and one
-// more role in the fused kernels. The kernel reads the 16-bit gradient and the f32 master,
-// updates master and moments in f32, and writes the master rounded to 16 bits into the
-// parameter, so the parameter is only ever stored to. A GradScaler adds two 0-dim device
-// tensors to the kernels' arguments: a found-inf flag, set by a multi-tensor check of the
-// gradients that runs before the step, and 1 / scale. Each block returns at once when the flag is
-// set and otherwise multiplies every gradient by 1 / scale as it loads it, so a skipped step costs
-// no host round trip. The master copies go into state_dict as "state.<param>.master".
+// Mixed precision: f16 and bf16 parameters get f32 master weights (unless master_weights is off
+// in the optimizer's options): a state tensor "master", made from the parameter at its first
+// update. The kernel reads the 16-bit gradient and the master, updates master and moments in
+// f32, and writes the master rounded to 16 bits into the parameter. With a GradScaler
+// (amp/grad_scaler.h) the step takes its found-inf flag and 1 / scale, both on the device: the
+// kernels skip the update when the flag is set and unscale gradients as they read them, so no
+// step waits for the host. Step counts (AdamW) are 0-dim f32 device tensors for the same reason.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -54,6 +52,14 @@ struct StateDict {
   std::map<std::string, double> metadata;
 };
 
+// GradScaler's part in a step: 0-dim f32 tensors on the parameters' device. The step changes
+// nothing when *found_inf != 0; otherwise gradients are multiplied by *inv_scale as they are read
+// (inv_scale undefined: they are already unscaled).
+struct StepScaling {
+  Tensor found_inf;
+  Tensor inv_scale;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -64,6 +70,10 @@ class Optimizer {
 
   // One update of every parameter that has a gradient; parameters without one are skipped.
   void step();
+  // The same under a GradScaler, which calls it (see StepScaling).
+  void step(const StepScaling& scaling);
+  // Whether f16/bf16 parameters are updated through f32 master weights.
+  bool master_weights() const { return master_weights_; }
   // set_to_none drops the gradients (the next backward creates new ones); otherwise they are
   // zeroed in place, which keeps gradient buffers that are views (DDP's buckets) valid.
   void zero_grad(bool set_to_none = true);
@@ -82,18 +92,20 @@ class Optimizer {
   void load_state_dict(const StateDict& state);
 
  protected:
-  Optimizer() = default;
+  explicit Optimizer(bool master_weights) : master_weights_(master_weights) {}
 
-  // One parameter's state: named buffers (contiguous, in optimizer_state_dtype()) and, for
-  // optimizers that count them, the steps taken.
+  // One parameter's state: named buffers of its shape (contiguous, in optimizer_state_dtype(),
+  // "master" among them for a 16-bit parameter with master weights) and, for optimizers that
+  // count them, the steps taken as a 0-dim f32 tensor on its device.
   struct ParamState {
     std::map<std::string, Tensor> buffers;
-    int64_t step = 0;
+    Tensor step_count;
   };
-  // A parameter that has a gradient, handed to update().
+  // A parameter that has a gradient, handed to update(); master is undefined where it has none.
   struct Item {
     Tensor param;
     Tensor grad;
+    Tensor master;
     ParamState* state;
   };
 
@@ -102,8 +114,9 @@ class Optimizer {
   ParamGroup& add_group(std::unique_ptr<ParamGroup> group);
 
   // ---- what each optimizer provides ----
-  // Updates the items of one group (all with gradients of their parameter's shape and dtype).
-  virtual void update(ParamGroup& group, const std::vector<Item>& items) = 0;
+  // Updates the items of one group (all with gradients of their parameter's shape and dtype),
+  // under the scaling when it is given.
+  virtual void update(ParamGroup& group, const std::vector<Item>& items, const StepScaling* scaling) = 0;
   // Throws a ValueError naming a hyper-parameter out of range.
   virtual void check_group(const ParamGroup& group) const = 0;
   // The names of the state buffers a parameter has once updated.
@@ -116,6 +129,11 @@ class Optimizer {
  private:
   std::vector<std::pair<std::string, double>> all_hyper_parameters(const ParamGroup& group) const;
   void set_any_hyper_parameter(ParamGroup& group, const std::string& name, double value) const;
+  void step_impl(const StepScaling* scaling);
+  bool has_master(const Tensor& param) const;
+  std::vector<std::string> state_names_of(const Tensor& param) const;  // state_names() + "master"
+
+  bool master_weights_;
 
   std::vector<std::unique_ptr<ParamGroup>> groups_;
   std::vector<std::vector<ParamState>> state_;  // [group][parameter]

@@ -4,7 +4,7 @@
 
 namespace tandem::optim {
 
-SGD::SGD(std::vector<Tensor> params, const SgdOptions& options) : defaults_(options) {
+SGD::SGD(std::vector<Tensor> params, const SgdOptions& options) : Optimizer(options.master_weights), defaults_(options) {
   TANDEM_CHECK_AS(ValueError, !params.empty(), "SGD: got an empty parameter list");
   add_param_group(std::move(params), options);
 }
@@ -48,7 +48,7 @@ void SGD::set_hyper_parameter(ParamGroup& base, const std::string& name, double 
   else TANDEM_THROW(ValueError, "SGD: no hyper-parameter \"", name, "\"");
 }
 
-void SGD::update(ParamGroup& base, const std::vector<Item>& items) {
+void SGD::update(ParamGroup& base, const std::vector<Item>& items, const StepScaling* scaling) {
   const auto& g = static_cast<const SgdGroup&>(base);
   SgdHyper h;
   h.lr = g.lr;
@@ -56,39 +56,47 @@ void SGD::update(ParamGroup& base, const std::vector<Item>& items) {
   h.dampening = g.dampening;
   h.weight_decay = g.weight_decay;
   h.nesterov = g.nesterov;
-  if (g.momentum == 0.0) {
-    std::vector<Tensor> params, grads;
-    for (const Item& item : items) {
-      params.push_back(item.param);
-      grads.push_back(item.grad);
-    }
-    kernels::sgd_step(params, grads, {}, h);
-    return;
-  }
   // Parameters with a momentum buffer, and those at their first update (buf = g): [0] and [1].
-  std::vector<Tensor> params[2], grads[2], buffers[2];
+  // Without momentum everything goes in [0].
+  UpdateTensors lists[2];
   std::vector<ParamState*> created;
   for (const Item& item : items) {
-    auto found = item.state->buffers.find("momentum_buffer");
-    const int first = found == item.state->buffers.end() ? 1 : 0;
+    int first = 0;
     Tensor buffer;
-    if (first) {
-      const Tensor& p = item.param;
-      buffer = empty(p.shape(), TensorOptions(optimizer_state_dtype(p.dtype()), p.device()));
-      item.state->buffers["momentum_buffer"] = buffer;
-      created.push_back(item.state);
-    } else {
-      buffer = found->second;
+    if (g.momentum != 0.0) {
+      auto found = item.state->buffers.find("momentum_buffer");
+      first = found == item.state->buffers.end() ? 1 : 0;
+      if (first) {
+        // Zeros rather than empty: a first step skipped by a GradScaler leaves the buffer as it
+        // was, and the next step reads it (buf = momentum * 0 + (1 - dampening) * g, which is
+        // PyTorch's first-step buf = g unless dampening is set).
+        const Tensor& p = item.param;
+        buffer = zeros(p.shape(), TensorOptions(optimizer_state_dtype(p.dtype()), p.device()));
+        item.state->buffers["momentum_buffer"] = buffer;
+        created.push_back(item.state);
+      } else {
+        buffer = found->second;
+      }
     }
-    params[first].push_back(item.param);
-    grads[first].push_back(item.grad);
-    buffers[first].push_back(buffer);
+    UpdateTensors& l = lists[first];
+    l.params.push_back(item.param);
+    l.grads.push_back(item.grad);
+    l.masters.push_back(item.master);
+    if (g.momentum != 0.0) {
+      l.states.resize(1);
+      l.states[0].push_back(buffer);
+    }
   }
   try {
     for (int first = 0; first < 2; ++first) {
-      if (params[first].empty()) continue;
+      UpdateTensors& l = lists[first];
+      if (l.params.empty()) continue;
+      if (scaling != nullptr) {
+        l.found_inf = scaling->found_inf;
+        l.inv_scale = scaling->inv_scale;
+      }
       h.first_step = first == 1;
-      kernels::sgd_step(params[first], grads[first], buffers[first], h);
+      kernels::sgd_step(l, h);
     }
   } catch (...) {
     for (ParamState* state : created) state->buffers.erase("momentum_buffer");  // never written

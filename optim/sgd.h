@@ -16,6 +16,9 @@ struct SgdOptions {
   double dampening = 0.0;
   double weight_decay = 0.0;
   bool nesterov = false;  // needs momentum > 0 and dampening 0
+  // Optimizer-wide (the constructor's value counts): f16/bf16 parameters are updated through f32
+  // master weights.
+  bool master_weights = true;
 };
 
 struct SgdGroup : ParamGroup {
@@ -39,7 +42,7 @@ class SGD : public Optimizer {
   const char* name() const override { return "SGD"; }
 
  protected:
-  void update(ParamGroup& group, const std::vector<Item>& items) override;
+  void update(ParamGroup& group, const std::vector<Item>& items, const StepScaling* scaling) override;
   void check_group(const ParamGroup& group) const override;
   std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
   bool counts_steps() const override { return false; }

@@ -1,9 +1,11 @@
-// CUDA optimizer updates: SGD and AdamW as fused multi-tensor kernels. One launch updates every
-// tensor of a list (the device-neutral layer hands over one dtype on one device at a time):
+// CUDA optimizer updates: SGD and AdamW as fused multi-tensor kernels, and GradScaler's check
+// and scale update. One launch updates every tensor of a list (the device-neutral layer hands
+// over one dtype on one device at a time):
 //
 // - The host cuts each tensor into chunks of `chunk_size` elements and writes two tables into one
-//   buffer: a TensorSlot per tensor (its parameter, gradient and state pointers, its size, whether
-//   it can take vector loads) and a ChunkSlot per block (which tensor, which chunk of it).
+//   buffer: a TensorSlot per tensor (its parameter, gradient, state, master-weight and step-count
+//   pointers, its size, whether it can take vector loads) and a ChunkSlot per block (which tensor,
+//   which chunk of it).
 // - The buffer goes to the device in one upload, into a block of tandem's caching allocator on the
 //   stream the kernel runs on, so the block is only reused after the kernel (stream order), and the
 //   number of tensors is not limited by the size of kernel parameters.
@@ -11,10 +13,15 @@
 //   state (4 / 2 elements, with the matching 8- or 16-byte loads of 16-bit parameters and
 //   gradients) when every pointer of the tensor is aligned for them, one element at a time
 //   otherwise (views at odd offsets) and for the tail of a tensor.
+// - With GradScaler, every block first reads the found-inf flag and returns when it is set, so a
+//   skipped step is decided on the device; gradients are multiplied by 1 / scale as they are read.
+//   AdamW's step counts live on the device too: each block derives the bias corrections from its
+//   tensor's count, and a second small launch increments the counts unless the step was skipped.
 //
 // The arithmetic is the CPU backend's (core/cpu/optim.cpp): in f32 for f32, f16 and bf16
 // parameters, in f64 for f64 ones, with the state in that type and one rounding of the new
-// parameter to its dtype.
+// parameter to its dtype. A master weight, when given, is read instead of the parameter and
+// written back beside it.
 #include <cstring>
 
 #include "tandem/core/backend.h"
@@ -24,13 +31,16 @@ namespace tandem::cuda {
 
 namespace {
 constexpr int kOptimThreads = 256;
-constexpr int kMaxRoles = 4;                  // parameter, gradient, up to two state tensors
+// Pointer roles of a TensorSlot.
+constexpr int kParam = 0, kGrad = 1, kState0 = 2, kMaster = 4, kStep = 5, kMaxRoles = 6;
 constexpr int64_t kMaxChunk = 65536;          // elements per block for large lists
 constexpr int64_t kMinChunk = 2048;           // ... and the smallest chunk for small ones
 constexpr int64_t kTargetBlocks = 4 * 132;    // enough blocks to fill an H100 several times over
 
 struct TensorSlot {
-  void* ptr[kMaxRoles];  // parameter (n,), gradient (n,), state tensors (n,); null where unused
+  // parameter (n,), gradient (n,), two state tensors (n,), master weight (n,), step count ();
+  // null where unused
+  void* ptr[kMaxRoles];
   int64_t numel;
   int32_t vectorised;    // every pointer is aligned for Vec loads
   int32_t unused;
@@ -50,103 +60,168 @@ int64_t choose_chunk_size(int64_t total) {
   return chunk;
 }
 
+// Scaling of one update (GradScaler), read by every block: null pointers when unused.
+struct ScalingArgs {
+  const float* found_inf;  // () the step is skipped when *found_inf != 0
+  const float* inv_scale;  // () gradients are multiplied by it
+};
+
 // Updates one chunk per block. Op holds the hyper-parameters and the per-element rule
 // op(p, g, state) on the compute type, with Op::kStates state tensors (read when
-// op.loads_state()).
+// op.loads_state()); op.for_tensor(step_count) gives the rule for one tensor.
 template <typename T, typename Op>
 __global__ void __launch_bounds__(kOptimThreads)
     multi_tensor_update(const TensorSlot* __restrict__ tensors,  // (num_tensors,)
                         const ChunkSlot* __restrict__ chunks,    // (gridDim.x,)
-                        int64_t chunk_size, Op op) {
+                        int64_t chunk_size, Op base_op, ScalingArgs scaling) {
   using C = acc_t<T>;
   constexpr int K = Op::kStates;
   constexpr int KS = K > 0 ? K : 1;
   constexpr int V = 16 / sizeof(C);
+  if (scaling.found_inf != nullptr && *scaling.found_inf != 0.0f) return;
+  const C unscale = scaling.inv_scale != nullptr ? static_cast<C>(*scaling.inv_scale) : C(1);
   const ChunkSlot chunk = chunks[blockIdx.x];
   const TensorSlot& slot = tensors[chunk.tensor];
+  const Op op = base_op.for_tensor(static_cast<const float*>(slot.ptr[kStep]));
   const int64_t begin = static_cast<int64_t>(chunk.chunk) * chunk_size;
   const int64_t n = slot.numel - begin < chunk_size ? slot.numel - begin : chunk_size;
-  T* p = static_cast<T*>(slot.ptr[0]) + begin;              // (n,)
-  const T* g = static_cast<const T*>(slot.ptr[1]) + begin;  // (n,)
-  C* s[KS];                                                 // K x (n,)
+  T* p = static_cast<T*>(slot.ptr[kParam]) + begin;              // (n,)
+  const T* g = static_cast<const T*>(slot.ptr[kGrad]) + begin;   // (n,)
+  C* master = slot.ptr[kMaster] != nullptr ? static_cast<C*>(slot.ptr[kMaster]) + begin : nullptr;  // (n,)
+  C* s[KS];                                                      // K x (n,)
 #pragma unroll
-  for (int k = 0; k < K; ++k) s[k] = static_cast<C*>(slot.ptr[2 + k]) + begin;
+  for (int k = 0; k < K; ++k) s[k] = static_cast<C*>(slot.ptr[kState0 + k]) + begin;
   const bool load_state = op.loads_state();
 
   int64_t done = 0;
   if (slot.vectorised) {
     const int64_t n_vec = n / V;
     for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
-      Vec<T, V> vp = reinterpret_cast<const Vec<T, V>*>(p)[i];
       const Vec<T, V> vg = reinterpret_cast<const Vec<T, V>*>(g)[i];
+      Vec<C, V> vm;  // the working weights: the master's, or the parameter's in C
+      if (master != nullptr) {
+        vm = reinterpret_cast<const Vec<C, V>*>(master)[i];
+      } else {
+        const Vec<T, V> vp = reinterpret_cast<const Vec<T, V>*>(p)[i];
+#pragma unroll
+        for (int j = 0; j < V; ++j) vm.v[j] = to_acc(vp.v[j]);
+      }
       Vec<C, V> vs[KS] = {};
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         if (load_state) vs[k] = reinterpret_cast<const Vec<C, V>*>(s[k])[i];
       }
+      Vec<T, V> vp;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        C pj = to_acc(vp.v[j]);
         C st[KS];
 #pragma unroll
         for (int k = 0; k < K; ++k) st[k] = vs[k].v[j];
-        op(pj, to_acc(vg.v[j]), st);
-        vp.v[j] = cast_to<T>(pj);
+        op(vm.v[j], to_acc(vg.v[j]) * unscale, st);
+        vp.v[j] = cast_to<T>(vm.v[j]);
 #pragma unroll
         for (int k = 0; k < K; ++k) vs[k].v[j] = st[k];
       }
       reinterpret_cast<Vec<T, V>*>(p)[i] = vp;
+      if (master != nullptr) reinterpret_cast<Vec<C, V>*>(master)[i] = vm;
 #pragma unroll
       for (int k = 0; k < K; ++k) reinterpret_cast<Vec<C, V>*>(s[k])[i] = vs[k];
     }
     done = n_vec * V;
   }
   for (int64_t i = done + threadIdx.x; i < n; i += blockDim.x) {
-    C pi = to_acc(p[i]);
+    C pi = master != nullptr ? master[i] : to_acc(p[i]);
     C st[KS] = {};
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if (load_state) st[k] = s[k][i];
     }
-    op(pi, to_acc(g[i]), st);
+    op(pi, to_acc(g[i]) * unscale, st);
     p[i] = cast_to<T>(pi);
+    if (master != nullptr) master[i] = pi;
 #pragma unroll
     for (int k = 0; k < K; ++k) s[k][i] = st[k];
   }
 }
 
+// After an update: every tensor's step count + 1, unless the step was skipped.
+__global__ void increment_step_counts(const TensorSlot* __restrict__ tensors, int64_t num_tensors,
+                                      const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.0f) return;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t < num_tensors) *static_cast<float*>(tensors[t].ptr[kStep]) += 1.0f;
+}
+
+// Sets *found_inf to 1 when an element of a chunk is inf or NaN; with inv_scale, also multiplies
+// every element by it in place.
+template <typename T>
+__global__ void __launch_bounds__(kOptimThreads)
+    multi_tensor_check_and_unscale(const TensorSlot* __restrict__ tensors,  // (num_tensors,)
+                                   const ChunkSlot* __restrict__ chunks,    // (gridDim.x,)
+                                   int64_t chunk_size, float* found_inf, const float* inv_scale) {
+  using C = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  const ChunkSlot chunk = chunks[blockIdx.x];
+  const TensorSlot& slot = tensors[chunk.tensor];
+  const int64_t begin = static_cast<int64_t>(chunk.chunk) * chunk_size;
+  const int64_t n = slot.numel - begin < chunk_size ? slot.numel - begin : chunk_size;
+  T* g = static_cast<T*>(slot.ptr[kGrad]) + begin;  // (n,)
+  const C unscale = inv_scale != nullptr ? static_cast<C>(*inv_scale) : C(1);
+  bool found = false;
+  int64_t done = 0;
+  if (slot.vectorised) {
+    const int64_t n_vec = n / V;
+    for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
+      Vec<T, V> vg = reinterpret_cast<const Vec<T, V>*>(g)[i];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const C value = to_acc(vg.v[j]);
+        found = found || !isfinite(value);
+        vg.v[j] = cast_to<T>(value * unscale);
+      }
+      if (inv_scale != nullptr) reinterpret_cast<Vec<T, V>*>(g)[i] = vg;
+    }
+    done = n_vec * V;
+  }
+  for (int64_t i = done + threadIdx.x; i < n; i += blockDim.x) {
+    const C value = to_acc(g[i]);
+    found = found || !isfinite(value);
+    if (inv_scale != nullptr) g[i] = cast_to<T>(value * unscale);
+  }
+  if (__syncthreads_or(found) && threadIdx.x == 0) *found_inf = 1.0f;
+}
+
 bool aligned_to(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-// Builds and uploads the tables for `roles` (params, grads, then the state lists, all of one
-// length) and launches the update over them.
-template <typename T, typename Op>
-void launch_update(const char* name, const std::vector<const std::vector<Tensor>*>& roles, const Op& op) {
-  using C = acc_t<T>;
-  constexpr int V = 16 / sizeof(C);
-  const std::vector<Tensor>& params = *roles[0];
-  if (params.empty()) return;
-  NvtxRange range(name);
-  const Device device = params[0].device();
-  DeviceGuard guard(device.index);
+// The tables of one multi-tensor launch, on the device.
+struct Tables {
+  Tensor buffer;  // (bytes,) u8: the tensor table, then the chunk table
+  const TensorSlot* tensors = nullptr;
+  const ChunkSlot* chunks = nullptr;
+  int64_t num_tensors = 0, num_chunks = 0, chunk_size = 0;
+};
 
+// Builds and uploads the tables for one list of tensors. slots[t] has every pointer but its
+// size; vector_bytes[r] is the alignment role r needs for vector loads. Empty tensors are left
+// out of the chunk table.
+Tables upload_tables(const char* name, std::vector<TensorSlot> slots, const std::vector<int64_t>& numels,
+                     const size_t (&vector_bytes)[kMaxRoles], Device device) {
   int64_t total = 0;
-  for (const Tensor& p : params) total += p.numel();
-  if (total == 0) return;
-  const int64_t chunk_size = choose_chunk_size(total);
-
-  std::vector<TensorSlot> slots(params.size());
+  for (int64_t n : numels) total += n;
+  Tables tables;
+  tables.chunk_size = choose_chunk_size(total);
   std::vector<ChunkSlot> chunks;
-  for (size_t t = 0; t < params.size(); ++t) {
+  for (size_t t = 0; t < slots.size(); ++t) {
     TensorSlot& slot = slots[t];
-    slot = TensorSlot{};
-    slot.numel = params[t].numel();
+    slot.numel = numels[t];
     bool vectorised = true;
-    for (size_t r = 0; r < roles.size(); ++r) {
-      slot.ptr[r] = (*roles[r])[t].data_ptr();
-      vectorised = vectorised && aligned_to(slot.ptr[r], r < 2 ? V * sizeof(T) : V * sizeof(C));
+    for (int r = 0; r < kMaxRoles; ++r) {
+      if (slot.ptr[r] != nullptr && vector_bytes[r] > 0) {
+        vectorised = vectorised && aligned_to(slot.ptr[r], vector_bytes[r]);
+      }
     }
     slot.vectorised = vectorised ? 1 : 0;
-    const int64_t n_chunks = (slot.numel + chunk_size - 1) / chunk_size;
+    const int64_t n_chunks = (slot.numel + tables.chunk_size - 1) / tables.chunk_size;
     TANDEM_CHECK_AS(ValueError, n_chunks <= INT32_MAX, name, ": a tensor of ", slot.numel, " elements is too large");
     for (int64_t c = 0; c < n_chunks; ++c) {
       chunks.push_back(ChunkSlot{static_cast<int32_t>(t), static_cast<int32_t>(c)});
@@ -154,20 +229,58 @@ void launch_update(const char* name, const std::vector<const std::vector<Tensor>
   }
   TANDEM_CHECK_AS(ValueError, chunks.size() <= static_cast<size_t>(INT32_MAX), name, ": ", chunks.size(),
                   " chunks are more than one launch can take");
-
   const size_t slot_bytes = slots.size() * sizeof(TensorSlot);
   const size_t chunk_bytes = chunks.size() * sizeof(ChunkSlot);
   std::vector<unsigned char> host(slot_bytes + chunk_bytes);  // tensor table, then chunk table
   std::memcpy(host.data(), slots.data(), slot_bytes);
-  std::memcpy(host.data() + slot_bytes, chunks.data(), chunk_bytes);
-  Tensor table = empty({static_cast<int64_t>(host.size())}, TensorOptions(DType::u8, device));  // (bytes,)
-  copy_host_to_device(table.data_ptr(), host.data(), host.size(), device.index);
-  const auto* device_slots = static_cast<const TensorSlot*>(table.data_ptr());
-  const auto* device_chunks = reinterpret_cast<const ChunkSlot*>(static_cast<const unsigned char*>(table.data_ptr()) +
-                                                                 slot_bytes);
-  multi_tensor_update<T, Op><<<static_cast<unsigned>(chunks.size()), kOptimThreads, 0, stream_of(params[0])>>>(
-      device_slots, device_chunks, chunk_size, op);
+  if (chunk_bytes > 0) std::memcpy(host.data() + slot_bytes, chunks.data(), chunk_bytes);
+  tables.buffer = empty({static_cast<int64_t>(host.size())}, TensorOptions(DType::u8, device));  // (bytes,)
+  copy_host_to_device(tables.buffer.data_ptr(), host.data(), host.size(), device.index);
+  auto* base = static_cast<const unsigned char*>(tables.buffer.data_ptr());
+  tables.tensors = reinterpret_cast<const TensorSlot*>(base);
+  tables.chunks = reinterpret_cast<const ChunkSlot*>(base + slot_bytes);
+  tables.num_tensors = static_cast<int64_t>(slots.size());
+  tables.num_chunks = static_cast<int64_t>(chunks.size());
+  return tables;
+}
+
+const float* scalar_ptr(const Tensor& t) { return t.defined() ? static_cast<const float*>(t.data_ptr()) : nullptr; }
+
+// Launches the update over the lists of `t` (states, masters and steps where given).
+template <typename T, typename Op>
+void launch_update(const char* name, const UpdateTensors& t, const Op& op) {
+  using C = acc_t<T>;
+  constexpr size_t kVecBytes = 16;  // C vectors; the T vectors of parameters and gradients are a fraction
+  if (t.params.empty()) return;
+  NvtxRange range(name);
+  const Device device = t.params[0].device();
+  DeviceGuard guard(device.index);
+  std::vector<TensorSlot> slots(t.params.size(), TensorSlot{});
+  std::vector<int64_t> numels;
+  for (size_t i = 0; i < t.params.size(); ++i) {
+    TensorSlot& slot = slots[i];
+    slot.ptr[kParam] = t.params[i].data_ptr();
+    slot.ptr[kGrad] = t.grads[i].data_ptr();
+    for (size_t k = 0; k < t.states.size(); ++k) slot.ptr[kState0 + k] = t.states[k][i].data_ptr();
+    if (!t.masters.empty() && t.masters[i].defined()) slot.ptr[kMaster] = t.masters[i].data_ptr();
+    if (!t.steps.empty()) slot.ptr[kStep] = t.steps[i].data_ptr();
+    numels.push_back(t.params[i].numel());
+  }
+  const size_t vec_t = kVecBytes / sizeof(C) * sizeof(T);
+  const size_t vector_bytes[kMaxRoles] = {vec_t, vec_t, kVecBytes, kVecBytes, kVecBytes, 0};
+  Tables tables = upload_tables(name, std::move(slots), numels, vector_bytes, device);
+  if (tables.num_chunks == 0) return;
+  const ScalingArgs scaling{scalar_ptr(t.found_inf), scalar_ptr(t.inv_scale)};
+  cudaStream_t stream = stream_of(t.params[0]);
+  multi_tensor_update<T, Op><<<static_cast<unsigned>(tables.num_chunks), kOptimThreads, 0, stream>>>(
+      tables.tensors, tables.chunks, tables.chunk_size, op, scaling);
   check_launch(name);
+  if (!t.steps.empty()) {
+    const auto blocks = static_cast<unsigned>((tables.num_tensors + kOptimThreads - 1) / kOptimThreads);
+    increment_step_counts<<<blocks, kOptimThreads, 0, stream>>>(tables.tensors, tables.num_tensors,
+                                                                scaling.found_inf);
+    check_launch(name);
+  }
 }
 
 template <typename C, bool kMomentum>
@@ -176,6 +289,7 @@ struct SgdOp {
   C lr, weight_decay, momentum, keep;  // keep = 1 - dampening
   bool nesterov, first_step;
 
+  __device__ SgdOp for_tensor(const float*) const { return *this; }
   __device__ bool loads_state() const { return kMomentum && !first_step; }
   __device__ void operator()(C& p, C g, C* state) const {
     C d = g + weight_decay * p;
@@ -191,8 +305,17 @@ struct SgdOp {
 template <typename C>
 struct AdamWOp {
   static constexpr int kStates = 2;
-  C decay, beta1, beta2, one_minus_beta1, one_minus_beta2, step_size, bc2_sqrt, eps;
+  double lr, beta1_d, beta2_d;  // for the bias corrections, computed per tensor in f64 as on the host
+  C decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
+  C step_size, bc2_sqrt;  // set by for_tensor
 
+  __device__ AdamWOp for_tensor(const float* step_count) const {
+    AdamWOp op = *this;
+    const double step = static_cast<double>(*step_count) + 1.0;
+    op.step_size = static_cast<C>(lr / (1.0 - pow(beta1_d, step)));
+    op.bc2_sqrt = static_cast<C>(sqrt(1.0 - pow(beta2_d, step)));
+    return op;
+  }
   __device__ bool loads_state() const { return true; }
   __device__ void operator()(C& p, C g, C* state) const {
     C m = beta1 * state[0] + one_minus_beta1 * g;
@@ -204,39 +327,92 @@ struct AdamWOp {
 };
 }  // namespace
 
-void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-              const std::vector<Tensor>& momentum_buffers, const SgdHyper& h) {
-  if (params.empty()) return;
-  dispatch_floating(params[0].dtype(), "sgd_step", "cuda", [&](auto tag) {
+void sgd_step(const UpdateTensors& t, const SgdHyper& h) {
+  if (t.params.empty()) return;
+  dispatch_floating(t.params[0].dtype(), "sgd_step", "cuda", [&](auto tag) {
     using T = device_t<decltype(tag)>;
     using C = acc_t<T>;
     const C lr = static_cast<C>(h.lr), wd = static_cast<C>(h.weight_decay);
     const C momentum = static_cast<C>(h.momentum), keep = static_cast<C>(1.0 - h.dampening);
     if (h.momentum != 0.0) {
-      launch_update<T>("sgd_step", {&params, &grads, &momentum_buffers},
-                       SgdOp<C, true>{lr, wd, momentum, keep, h.nesterov, h.first_step});
+      launch_update<T>("sgd_step", t, SgdOp<C, true>{lr, wd, momentum, keep, h.nesterov, h.first_step});
     } else {
-      launch_update<T>("sgd_step", {&params, &grads}, SgdOp<C, false>{lr, wd, momentum, keep, false, false});
+      launch_update<T>("sgd_step", t, SgdOp<C, false>{lr, wd, momentum, keep, false, false});
     }
   });
 }
 
-void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
-                const std::vector<Tensor>& exp_avg_sq, const AdamWHyper& h) {
-  if (params.empty()) return;
-  dispatch_floating(params[0].dtype(), "adamw_step", "cuda", [&](auto tag) {
+void adamw_step(const UpdateTensors& t, const AdamWHyper& h) {
+  if (t.params.empty()) return;
+  dispatch_floating(t.params[0].dtype(), "adamw_step", "cuda", [&](auto tag) {
     using T = device_t<decltype(tag)>;
     using C = acc_t<T>;
-    AdamWOp<C> op{static_cast<C>(1.0 - h.lr * h.weight_decay),
+    AdamWOp<C> op{h.lr,
+                  h.beta1,
+                  h.beta2,
+                  static_cast<C>(1.0 - h.lr * h.weight_decay),
                   static_cast<C>(h.beta1),
                   static_cast<C>(h.beta2),
                   static_cast<C>(1.0 - h.beta1),
                   static_cast<C>(1.0 - h.beta2),
-                  static_cast<C>(h.lr / h.bias_correction1()),
-                  static_cast<C>(std::sqrt(h.bias_correction2())),
-                  static_cast<C>(h.eps)};
-    launch_update<T>("adamw_step", {&params, &grads, &exp_avg, &exp_avg_sq}, op);
+                  static_cast<C>(h.eps),
+                  C(0),
+                  C(1)};
+    launch_update<T>("adamw_step", t, op);
   });
+}
+
+void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, const Tensor& inv_scale) {
+  if (grads.empty()) return;
+  NvtxRange range("non_finite_check_and_unscale_");
+  const Device device = grads[0].device();
+  DeviceGuard guard(device.index);
+  dispatch_floating(grads[0].dtype(), "non_finite_check_and_unscale_", "cuda", [&](auto tag) {
+    using T = device_t<decltype(tag)>;
+    std::vector<TensorSlot> slots(grads.size(), TensorSlot{});
+    std::vector<int64_t> numels;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      slots[i].ptr[kGrad] = grads[i].data_ptr();
+      numels.push_back(grads[i].numel());
+    }
+    const size_t vector_bytes[kMaxRoles] = {0, 16, 0, 0, 0, 0};
+    Tables tables = upload_tables("non_finite_check_and_unscale_", std::move(slots), numels, vector_bytes, device);
+    if (tables.num_chunks == 0) return;
+    multi_tensor_check_and_unscale<T>
+        <<<static_cast<unsigned>(tables.num_chunks), kOptimThreads, 0, stream_of(grads[0])>>>(
+            tables.tensors, tables.chunks, tables.chunk_size, static_cast<float*>(found_inf.data_ptr()),
+            scalar_ptr(inv_scale));
+    check_launch("non_finite_check_and_unscale_");
+  });
+}
+
+namespace {
+__global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, const float* found_inf, float growth,
+                                    float backoff, int64_t growth_interval) {
+  if (*found_inf != 0.0f) {
+    *scale *= backoff;
+    *growth_tracker = 0;
+    return;
+  }
+  const int64_t successful = static_cast<int64_t>(*growth_tracker) + 1;
+  if (successful >= growth_interval) {
+    const float grown = *scale * growth;
+    if (isfinite(grown)) *scale = grown;
+    *growth_tracker = 0;
+  } else {
+    *growth_tracker = static_cast<int32_t>(successful);
+  }
+}
+}  // namespace
+
+void update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf, double growth,
+                   double backoff, int64_t growth_interval) {
+  DeviceGuard guard(scale.device().index);
+  update_scale_kernel<<<1, 1, 0, stream_of(scale)>>>(
+      static_cast<float*>(scale.data_ptr()), static_cast<int32_t*>(growth_tracker.data_ptr()),
+      static_cast<const float*>(found_inf.data_ptr()), static_cast<float>(growth), static_cast<float>(backoff),
+      growth_interval);
+  check_launch("update_scale_");
 }
 
 }  // namespace tandem::cuda

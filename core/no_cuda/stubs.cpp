@@ -86,12 +86,11 @@ void batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tens
                          const Tensor&, const Tensor&) {
   no_cuda("batch_norm_backward");
 }
-void sgd_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&, const SgdHyper&) {
-  no_cuda("sgd_step");
+void sgd_step(const UpdateTensors&, const SgdHyper&) { no_cuda("sgd_step"); }
+void adamw_step(const UpdateTensors&, const AdamWHyper&) { no_cuda("adamw_step"); }
+void non_finite_check_and_unscale_(const std::vector<Tensor>&, const Tensor&, const Tensor&) {
+  no_cuda("non_finite_check_and_unscale_");
 }
-void adamw_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
-                const std::vector<Tensor>&, const AdamWHyper&) {
-  no_cuda("adamw_step");
-}
+void update_scale_(const Tensor&, const Tensor&, const Tensor&, double, double, int64_t) { no_cuda("update_scale_"); }
 
 }  // namespace tandem::cuda

@@ -13,6 +13,8 @@
 #include <fstream>
 
 #include "models.h"
+#include "tandem/amp/grad_scaler.h"
+#include "tandem/core/cuda_api.h"
 #include "tandem/data/idx.h"
 #include "tandem/data/loader.h"
 #include "tandem/dist/ddp.h"
@@ -42,7 +44,15 @@ struct Config {
   uint64_t seed = 0;
   int64_t log_every = 100;
   int64_t max_steps_per_epoch = 0;  // 0: the whole epoch (a smaller value is for quick checks)
+  std::string precision = "f32";    // f32, tf32 (f32 with TF32 matmuls), bf16 or fp16
 };
+
+// The dtype of parameters and activations for a --precision.
+DType model_dtype(const std::string& precision) {
+  if (precision == "bf16") return DType::bf16;
+  if (precision == "fp16") return DType::f16;
+  return DType::f32;
+}
 
 std::string format_seconds(double s) {
   char text[32];
@@ -63,13 +73,13 @@ struct EvalResult {
 };
 
 // Evaluates on this rank's shard of the test set; the sums are combined over ranks.
-EvalResult evaluate(nn::Module& model, data::DataLoader& loader) {
+EvalResult evaluate(nn::Module& model, data::DataLoader& loader, DType dtype) {
   NoGradGuard no_grad;
   model.eval();
   double loss_sum = 0, correct = 0, count = 0;
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
-    Tensor logits = model(batch->inputs);
+    Tensor logits = model(to(batch->inputs, dtype));
     int64_t n = batch->targets.numel();
     loss_sum += cross_entropy(logits, batch->targets, {Reduction::sum}).item();
     correct += sum(to(eq(argmax(logits, 1), batch->targets), DType::f32)).item();
@@ -105,6 +115,16 @@ int run(const Config& cfg) {
 
   manual_seed(cfg.seed);  // the same initial weights on every rank (DDP broadcasts rank 0's anyway)
   auto model = fashion::make_model(cfg.model, TensorOptions(DType::f32, device));
+  // Mixed precision: parameters and activations in 16 bits (batch-norm statistics stay f32), the
+  // optimizer keeping f32 master weights and moments; fp16 adds dynamic loss scaling.
+  const DType dtype = model_dtype(cfg.precision);
+  if (dtype != DType::f32) model->to(dtype);
+  if (device.is_cuda()) {
+    cuda::set_matmul_precision(cfg.precision == "tf32" ? cuda::MatmulPrecision::high : cuda::MatmulPrecision::highest);
+  }
+  amp::GradScalerOptions scaler_options;
+  scaler_options.enabled = cfg.precision == "fp16";
+  amp::GradScaler scaler(device, scaler_options);
   std::unique_ptr<optim::Optimizer> opt;
   if (cfg.optimizer == "adamw") {
     opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{cfg.lr, 0.9, 0.999, 1e-8, cfg.weight_decay});
@@ -116,7 +136,7 @@ int run(const Config& cfg) {
 
   optim::TrainingPosition position;
   if (!cfg.resume.empty()) {
-    position = optim::load_checkpoint(cfg.resume, *model, opt.get()).position;
+    position = optim::load_checkpoint(cfg.resume, *model, opt.get(), scaler.is_enabled() ? &scaler : nullptr).position;
     if (lead) std::printf("resumed from %s at epoch %lld, step %lld\n", cfg.resume.c_str(),
                           static_cast<long long>(position.epoch), static_cast<long long>(position.step));
   }
@@ -142,12 +162,13 @@ int run(const Config& cfg) {
     schedule->apply(*opt, position.step);  // from the start, or where a resumed run left off
   }
   if (lead) {
-    std::printf("fashion_mnist: %s, %lld parameters, %s, %d rank(s), global batch %lld (%lld per rank), %s lr %g\n",
-                cfg.model.c_str(), static_cast<long long>(model->num_parameters()), device.str().c_str(), world.size,
+    std::printf("fashion_mnist: %s, %lld parameters, %s, %s, %d rank(s), global batch %lld (%lld per rank), %s lr %g\n",
+                cfg.model.c_str(), static_cast<long long>(model->num_parameters()), cfg.precision.c_str(),
+                device.str().c_str(), world.size,
                 static_cast<long long>(cfg.batch_size), static_cast<long long>(local_batch), cfg.optimizer.c_str(), cfg.lr);
   }
 
-  nlohmann::json metrics = {{"model", cfg.model}, {"optimizer", cfg.optimizer}, {"lr", cfg.lr},
+  nlohmann::json metrics = {{"model", cfg.model}, {"optimizer", cfg.optimizer}, {"lr", cfg.lr}, {"precision", cfg.precision},
                             {"batch_size", cfg.batch_size}, {"world_size", world.size}, {"device", device.str()},
                             {"epochs", nlohmann::json::array()}};
   auto run_start = std::chrono::steady_clock::now();
@@ -165,17 +186,18 @@ int run(const Config& cfg) {
     while (auto batch = train_loader.next()) {
       if (step_in_epoch >= steps_per_epoch) break;
       opt->zero_grad();
-      Tensor logits = forward(batch->inputs);
+      Tensor logits = forward(to(batch->inputs, dtype));
       Tensor loss = cross_entropy(logits, batch->targets);
-      loss.backward();
-      opt->step();
+      scaler.scale(loss).backward();
+      scaler.step(*opt);
+      scaler.update();
       if (schedule) schedule->step(*opt);
       ++position.step;
       ++step_in_epoch;
       {
         NoGradGuard no_grad;
         double n = static_cast<double>(batch->targets.numel());
-        window_loss = add(window_loss, mul(loss.detach(), n));
+        window_loss = add(window_loss, mul(to(loss.detach(), DType::f32), n));
         window_correct = add(window_correct, sum(to(eq(argmax(logits.detach(), 1), batch->targets), DType::f32)));
         window_seen += n;
       }
@@ -203,8 +225,21 @@ int run(const Config& cfg) {
       }
     }
     double epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-    EvalResult eval = evaluate(*model, test_loader);
+    EvalResult eval = evaluate(*model, test_loader, dtype);
     position.epoch = epoch + 1;
+    nlohmann::json ddp_json;
+    if (ddp) {
+      // The last step of the epoch: how much was reduced and how much of it backward hid.
+      const dist::DdpStats& st = ddp->stats();
+      ddp_json = {{"buckets", st.buckets}, {"bytes", st.bytes}, {"comm_ms", st.comm_ms},
+                  {"exposed_ms", st.exposed_ms}, {"hidden_fraction", st.hidden_fraction}};
+      if (lead) {
+        std::printf("ddp: %lld buckets, %.2f MB all-reduced per step, communication %.3f ms, exposed %.3f ms, "
+                    "hidden %.0f%%\n",
+                    static_cast<long long>(st.buckets), static_cast<double>(st.bytes) / 1e6, st.comm_ms, st.exposed_ms,
+                    100.0 * st.hidden_fraction);
+      }
+    }
     if (lead) {
       std::printf("epoch %lld: train loss %.4f acc %.4f | test loss %.4f acc %.4f | %.1f s, %.0f samples/s\n",
                   static_cast<long long>(epoch + 1), loss_sum / seen, correct / seen, eval.loss, eval.accuracy,
@@ -212,9 +247,13 @@ int run(const Config& cfg) {
       std::fflush(stdout);
       metrics["epochs"].push_back({{"epoch", epoch + 1}, {"train_loss", loss_sum / seen}, {"train_accuracy", correct / seen},
                                    {"test_loss", eval.loss}, {"test_accuracy", eval.accuracy},
-                                   {"seconds", epoch_seconds}, {"samples_per_second", seen / epoch_seconds}});
+                                   {"seconds", epoch_seconds}, {"samples_per_second", seen / epoch_seconds},
+                                   {"ddp", ddp_json}});
       if (!cfg.metrics.empty()) write_json_atomically(cfg.metrics, metrics);
-      if (!cfg.save.empty()) optim::save_checkpoint(cfg.save, *model, opt.get(), position, {{"model", cfg.model}});
+      if (!cfg.save.empty()) {
+        optim::save_checkpoint(cfg.save, *model, opt.get(), position, {{"model", cfg.model}, {"precision", cfg.precision}},
+                               scaler.is_enabled() ? &scaler : nullptr);
+      }
     }
   }
   if (lead) {
@@ -245,6 +284,8 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", cfg.metrics, "JSON file of per-epoch metrics");
   app.add_option("--seed", cfg.seed, "seed for the initial weights and the data order");
   app.add_option("--log-every", cfg.log_every, "steps between progress lines (0: none)");
+  app.add_option("--precision", cfg.precision, "f32, tf32 (TF32 matmuls on GPUs), bf16 or fp16 (with loss scaling)")
+      ->check(CLI::IsMember({"f32", "tf32", "bf16", "fp16"}));
   app.add_option("--max-steps-per-epoch", cfg.max_steps_per_epoch, "cut epochs short (for quick checks)");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -74,7 +74,8 @@ std::string reduce_name(const ::testing::TestParamInfo<ReduceParam>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, ReduceTest,
-                         ::testing::Combine(::testing::Values(DType::f32, DType::f64, DType::i64),
+                         ::testing::Combine(::testing::Values(DType::f32, DType::f64, DType::i64, DType::f16,
+                                                              DType::bf16),
                                             ::testing::Values(ReduceOp::sum, ReduceOp::avg, ReduceOp::max,
                                                               ReduceOp::min),
                                             ::testing::Values(false)),
@@ -144,7 +145,6 @@ std::string move_name(const ::testing::TestParamInfo<MoveParam>& info) {
   return std::string(dtype_name(std::get<0>(info.param))) + "_" + device_label(std::get<1>(info.param));
 }
 
-// 16-bit floats and bool only travel over MPI, which is allowed.
 INSTANTIATE_TEST_SUITE_P(All, MoveTest,
                          ::testing::Combine(::testing::Values(DType::f32, DType::f64, DType::i64, DType::f16,
                                                               DType::bf16, DType::u8, DType::boolean),
@@ -267,17 +267,6 @@ INSTANTIATE_TEST_SUITE_P(All, GroupTest, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& info) { return device_label(info.param); });
 
 // ---- what only one backend has ----
-
-TEST(MpiGroupTest, SixteenBitFloatReductionsAreRefused) {
-  ProcessGroup& group = *world().cpu_group;
-  for (DType dtype : {DType::f16, DType::bf16}) {
-    Tensor x = kernels::to_dtype(randn({8}), dtype);
-    EXPECT_TRUE(throws_with<TypeError>([&] { group.all_reduce(x); }, {"mpi all_reduce", dtype_name(dtype), "MPI"}));
-    Tensor big = kernels::to_dtype(randn({8 * world().size}), dtype);
-    EXPECT_TRUE(throws_with<TypeError>([&] { group.reduce_scatter(x, big, ReduceOp::max); },
-                                       {"mpi reduce_scatter", dtype_name(dtype)}));
-  }
-}
 
 TEST(MpiGroupTest, CudaTensorsBelongToTheNcclGroup) {
   TANDEM_REQUIRE_CUDA();

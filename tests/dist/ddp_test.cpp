@@ -1,10 +1,14 @@
 // DistributedDataParallel and DistributedSampler under mpirun -np 2 (CPU/MPI everywhere; the
 // same tests run on GPUs with NCCL where there are two).
 #include <algorithm>
+#include <limits>
 #include <set>
 
+#include "dist/dist_test_util.h"
 #include "support/test_util.h"
+#include "tandem/amp/grad_scaler.h"
 #include "tandem/dist/ddp.h"
+#include "tandem/optim/adamw.h"
 #include "tandem/optim/optimizer.h"
 
 namespace tandem {
@@ -150,6 +154,79 @@ TEST(Ddp, GradientsDroppedBetweenForwardAndBackwardAreStillReduced) {
   EXPECT_TRUE(testing::all_close(model->weight.grad(), std::vector<double>(6, 1.5), 0, 1e-6));
   sum(ddp(x)).backward();  // and the next step accumulates into the bucket again
   EXPECT_TRUE(testing::all_close(model->weight.grad(), std::vector<double>(6, 3.0), 0, 1e-6));
+}
+
+// True when rank 0's copy of t equals this rank's, exactly.
+bool same_on_every_rank(const Tensor& t) {
+  Tensor mine = kernels::clone(kernels::to_device(t, Device()));
+  Tensor rank0 = kernels::clone(mine);
+  dist::world().cpu_group->broadcast(rank0, 0)->wait();
+  return static_cast<bool>(testing::all_close(mine, rank0, 0.0, 0.0));
+}
+
+// An inf in one rank's gradients makes every rank skip that step and back off: the all-reduce
+// spreads the inf to every rank's gradients before GradScaler checks them.
+TEST(Ddp, GradScalerOverflowOnOneRankSkipsTheStepOnEveryRank) {
+  REQUIRE_TWO_RANKS();
+  const dist::World& w = dist::world();
+  for (bool bf16_comm : {false, true}) {
+    SCOPED_TRACE(bf16_comm ? "bf16 communication" : "f32 communication");
+    manual_seed(21);
+    auto model = std::make_shared<nn::Linear>(3, 2, true, TensorOptions(DType::f32, test_device()));
+    dist::DdpOptions options;
+    if (bf16_comm) options.comm_dtype = DType::bf16;
+    DistributedDataParallel ddp(model, options);
+    optim::AdamW adamw(model->parameters(), optim::AdamWOptions{0.01});
+    amp::GradScalerOptions scaler_options;
+    scaler_options.init_scale = 1024.0;
+    amp::GradScaler scaler(test_device(), scaler_options);
+    const std::vector<bool> overflow_on_rank0 = {false, true, false};
+    for (size_t s = 0; s < overflow_on_rank0.size(); ++s) {
+      SCOPED_TRACE("step " + std::to_string(s));
+      Tensor x = full({2, 3}, 1.0 + w.rank, DType::f64);
+      if (overflow_on_rank0[s] && w.rank == 0) x.data<double>()[4] = std::numeric_limits<double>::infinity();
+      Tensor before = kernels::clone(model->weight);
+      adamw.zero_grad();
+      scaler.scale(sum(ddp(to(to(x, DType::f32), test_device())))).backward();
+      scaler.step(adamw);
+      EXPECT_EQ(scaler.found_inf(), overflow_on_rank0[s]);  // on both ranks
+      scaler.update();
+      EXPECT_EQ(scaler.get_scale(), s >= 1 ? 512.0 : 1024.0);
+      const bool unchanged = static_cast<bool>(testing::all_close(kernels::to_device(model->weight, Device()),
+                                                                  kernels::to_device(before, Device()), 0.0, 0.0));
+      EXPECT_EQ(unchanged, overflow_on_rank0[s]);
+      EXPECT_TRUE(same_on_every_rank(model->weight));
+      EXPECT_TRUE(same_on_every_rank(model->bias));
+    }
+  }
+}
+
+// Gradients travelling in bf16 arrive as the bf16 average, back in the gradients' own dtype, with
+// half the bytes of f32 communication.
+TEST(Ddp, Bf16CommunicationAveragesInBf16AndKeepsF32Gradients) {
+  REQUIRE_TWO_RANKS();
+  const dist::World& w = dist::world();
+  manual_seed(22);
+  auto model = std::make_shared<nn::Linear>(64, 8, true, TensorOptions(DType::f32, test_device()));
+  dist::DdpOptions options;
+  options.comm_dtype = DType::bf16;
+  DistributedDataParallel ddp(model, options);
+  const uint64_t seed = dist::testing::shared_seed();
+  Tensor x = to(dist::testing::rank_input(seed, w.rank, {4, 64}, DType::f32), test_device());
+  sum(ddp(x)).backward();
+  EXPECT_EQ(model->weight.grad().dtype(), DType::f32);
+  EXPECT_EQ(ddp.stats().bytes, (64 * 8 + 8) * 2);
+  // Expected: each rank's gradient (the column sums of its x) rounded to bf16, averaged.
+  std::vector<double> expected(8 * 64, 0.0);
+  for (int r = 0; r < 2; ++r) {
+    Tensor xr = dist::testing::rank_input(seed, r, {4, 64}, DType::f32);
+    Tensor column_sums = kernels::to_dtype(kernels::to_dtype(sum(xr, {0}), DType::bf16), DType::f64);
+    std::vector<double> cs = column_sums.to_double_vector();
+    for (int o = 0; o < 8; ++o) {
+      for (int i = 0; i < 64; ++i) expected[o * 64 + i] += cs[i] / 2;
+    }
+  }
+  EXPECT_TRUE(testing::all_close(kernels::to_device(model->weight.grad(), Device()), expected, 8e-3, 8e-3));
 }
 
 TEST(Ddp, NoSyncAccumulatesLocallyThenReducesTheSum) {

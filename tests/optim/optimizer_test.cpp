@@ -310,13 +310,15 @@ TEST(Optimizer, UpdatesTheParameterStorageInPlace) {
 }
 
 TEST(Optimizer, SixteenBitParametersKeepF32State) {
+  for (bool master : {true, false}) {
   for (DType dtype : {DType::bf16, DType::f16}) {
-    SCOPED_TRACE(dtype_name(dtype));
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + (master ? " with master weights" : " without master weights"));
     std::vector<Tensor> params = make_params({{33}, {2, 9}}, dtype);
     std::vector<Tensor> ref_params;  // the same values in f32, updated in f32
     for (const Tensor& p : params) ref_params.push_back(make_param(p.shape(), DType::f32));
     for (size_t i = 0; i < params.size(); ++i) kernels::copy_(ref_params[i], params[i]);
     AdamWOptions o{0.01};
+    o.master_weights = master;
     AdamW opt(params, o);
     AdamW ref(ref_params, o);
     for (int s = 0; s < 3; ++s) {
@@ -326,16 +328,19 @@ TEST(Optimizer, SixteenBitParametersKeepF32State) {
       }
       opt.step();
       ref.step();
-      // Each step rounds the parameter to 16 bits; follow the reference from the rounded values.
+      // With master weights the parameter is the f32 run rounded; without, each step rounds the
+      // parameter to 16 bits, so the reference continues from the rounded values.
       for (size_t i = 0; i < params.size(); ++i) {
         EXPECT_TRUE(testing::all_close(params[i], kernels::to_dtype(ref_params[i], dtype), 0.0, 0.0));
-        kernels::copy_(ref_params[i], params[i]);
+        if (!master) kernels::copy_(ref_params[i], params[i]);
       }
     }
     optim::StateDict state = opt.state_dict();
     EXPECT_EQ(state.tensors.at("state.0.exp_avg").dtype(), DType::f32);
     EXPECT_TRUE(testing::all_close(state.tensors.at("state.1.exp_avg_sq"),
                                    ref.state_dict().tensors.at("state.1.exp_avg_sq"), 0.0, 0.0));
+    EXPECT_EQ(state.tensors.count("state.0.master"), master ? 1u : 0u);
+  }
   }
 }
 
@@ -448,7 +453,7 @@ TEST(Optimizer, LoadStateDictErrors) {
       load_changed([](auto& s) { s.tensors["state.0.exp_avg"] = zeros({4}, DType::f64); }),
       {"\"state.0.exp_avg\" is f64", "f32"}));
   EXPECT_TRUE(testing::throws_with<ValueError>(
-      load_changed([](auto& s) { s.tensors["state.0.momentum_buffer"] = zeros({4}); }), {"not state of AdamW"}));
+      load_changed([](auto& s) { s.tensors["state.0.momentum_buffer"] = zeros({4}); }), {"not state of a f32 parameter of AdamW"}));
   EXPECT_TRUE(testing::throws_with<ValueError>(load_changed([](auto& s) { s.tensors["state.7.exp_avg"] = zeros({4}); }),
                                                {"parameter 7", "has 2 parameters"}));
   EXPECT_TRUE(testing::throws_with<ValueError>(load_changed([](auto& s) { s.tensors["weights"] = zeros({4}); }),
@@ -655,6 +660,114 @@ void expect_parity(const std::vector<Tensor>& gpu, const std::vector<Tensor>& cp
 
 const std::vector<int64_t> kSizes = {1, 3, 1000, 65537, 4, 8191, 2};
 
+UpdateTensors lists(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                    const std::vector<std::vector<Tensor>>& states, const std::vector<Tensor>& steps = {}) {
+  UpdateTensors t;
+  t.params = params;
+  t.grads = grads;
+  t.states = states;
+  t.steps = steps;
+  return t;
+}
+
+// 0-dim f32 step counts, one per parameter, each at a different count.
+std::vector<Tensor> step_counts(const std::vector<Tensor>& params) {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    out.push_back(full({}, static_cast<double>(i % 3), TensorOptions(DType::f32, params[i].device())));
+  }
+  return out;
+}
+
+// Master weights (f32) and GradScaler's scaling: the GPU kernels against the CPU ones, for a
+// clean step (unscaled by 1/8 as gradients are read, masters written back rounded) and a skipped
+// one (nothing changes, step counts included).
+TEST(OptimCuda, MasterWeightsAndScalingMatchCpu) {
+  TANDEM_REQUIRE_CUDA();
+  cuda::set_poison_allocations(true);
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (bool misaligned : {false, true}) {
+      for (bool adamw : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + (misaligned ? " misaligned" : "") + (adamw ? " adamw" : " sgd"));
+        std::vector<Tensor> gp = assorted(dtype, kSizes, misaligned);
+        std::vector<Tensor> gmaster;
+        for (const Tensor& p : gp) gmaster.push_back(kernels::to_dtype(p, DType::f32));
+        std::vector<Tensor> cp = to_cpu(gp), cmaster = to_cpu(gmaster);
+        std::vector<Tensor> gm = state_like(gp, true), gv = state_like(gp, true);
+        std::vector<Tensor> cm = to_cpu(gm), cv = to_cpu(gv);
+        std::vector<Tensor> gs = step_counts(gp), cs = to_cpu(gs);
+        for (int s = 0; s < 3; ++s) {
+          const bool skip = s == 1;
+          std::vector<Tensor> gg = assorted(dtype, kSizes, misaligned);
+          std::vector<Tensor> cg = to_cpu(gg);
+          UpdateTensors g = adamw ? lists(gp, gg, {gm, gv}, gs) : lists(gp, gg, {gm});
+          UpdateTensors c = adamw ? lists(cp, cg, {cm, cv}, cs) : lists(cp, cg, {cm});
+          g.masters = gmaster;
+          c.masters = cmaster;
+          g.found_inf = full({}, skip ? 1.0 : 0.0, TensorOptions(DType::f32, kCuda));
+          c.found_inf = full({}, skip ? 1.0 : 0.0, DType::f32);
+          g.inv_scale = full({}, 0.125, TensorOptions(DType::f32, kCuda));
+          c.inv_scale = full({}, 0.125, DType::f32);
+          const std::vector<Tensor> before = to_cpu(gmaster);
+          if (adamw) {
+            AdamWHyper h{0.01, 0.8, 0.95, 1e-6, 0.1};
+            kernels::adamw_step(g, h);
+            kernels::adamw_step(c, h);
+          } else {
+            SgdHyper h{0.1, 0.9, 0.0, 0.01, true};
+            kernels::sgd_step(g, h);
+            kernels::sgd_step(c, h);
+          }
+          expect_parity(gmaster, cmaster, 1e-5, "master");
+          expect_parity(gm, cm, 1e-5, "state");
+          if (adamw) expect_parity(gs, cs, 0.0, "step count");
+          for (size_t i = 0; i < gp.size(); ++i) {
+            // The parameter is its master rounded, and a skipped step changed nothing.
+            Tensor rounded = kernels::to_dtype(kernels::to_device(gmaster[i], Device()), dtype);
+            EXPECT_TRUE(testing::all_close(kernels::to_device(gp[i], Device()), rounded, 0.0, 0.0)) << i;
+            if (skip) {
+              EXPECT_TRUE(testing::all_close(kernels::to_device(gmaster[i], Device()), before[i], 0.0, 0.0)) << i;
+            }
+          }
+          cp = to_cpu(gp);
+          cmaster = to_cpu(gmaster);
+          cm = to_cpu(gm);
+          cv = to_cpu(gv);
+        }
+        if (adamw) {
+          // Two clean steps from counts i % 3: the counts went up by 2.
+          for (size_t i = 0; i < gs.size(); ++i) EXPECT_EQ(gs[i].item_double(), static_cast<double>(i % 3 + 2));
+        }
+      }
+    }
+  }
+  cuda::set_poison_allocations(false);
+}
+
+// GradScaler's check: a gradient list with one inf (and one with a NaN) sets the flag on the
+// GPU as on the CPU; unscaling multiplies in place.
+TEST(OptimCuda, NonFiniteCheckAndUnscaleMatchesCpu) {
+  TANDEM_REQUIRE_CUDA();
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    for (double bad : {0.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " bad " + std::to_string(bad));
+      std::vector<Tensor> gg = assorted(dtype, kSizes, true);
+      if (bad != 0.0) {
+        Tensor one = views::narrow(gg[3], 0, 65000, 1);
+        kernels::fill_(one, bad);
+      }
+      std::vector<Tensor> cg = to_cpu(gg);
+      Tensor gf = zeros({}, TensorOptions(DType::f32, kCuda)), cf = zeros({}, DType::f32);
+      Tensor gi = full({}, 0.25, TensorOptions(DType::f32, kCuda)), ci = full({}, 0.25, DType::f32);
+      kernels::non_finite_check_and_unscale_(gg, gf, gi);
+      kernels::non_finite_check_and_unscale_(cg, cf, ci);
+      EXPECT_EQ(gf.item_double(), bad != 0.0 ? 1.0 : 0.0);
+      EXPECT_EQ(cf.item_double(), gf.item_double());
+      if (bad == 0.0) expect_parity(gg, cg, 0.0, "unscaled gradient");
+    }
+  }
+}
+
 TEST(OptimCuda, SgdStepMatchesCpu) {
   TANDEM_REQUIRE_CUDA();
   cuda::set_poison_allocations(true);
@@ -672,8 +785,9 @@ TEST(OptimCuda, SgdStepMatchesCpu) {
           h.first_step = s == 0;
           std::vector<Tensor> gg = assorted(dtype, kSizes, misaligned);
           std::vector<Tensor> cg = to_cpu(gg);
-          kernels::sgd_step(gp, gg, gb, h);
-          kernels::sgd_step(cp, cg, cb, h);
+          using Roles = std::vector<std::vector<Tensor>>;
+          kernels::sgd_step(lists(gp, gg, momentum ? Roles{gb} : Roles{}), h);
+          kernels::sgd_step(lists(cp, cg, momentum ? Roles{cb} : Roles{}), h);
           // Each step rounds 16-bit parameters; continue both from the GPU's values.
           expect_parity(gp, cp, parity_tolerance(dtype), "param");
           expect_parity(gb, cb, parity_tolerance(DType::f32), "momentum buffer");
@@ -696,13 +810,14 @@ TEST(OptimCuda, AdamWStepMatchesCpu) {
       std::vector<Tensor> cp = to_cpu(gp);
       std::vector<Tensor> gm = state_like(gp, true), gv = state_like(gp, true);
       std::vector<Tensor> cm = to_cpu(gm), cv = to_cpu(gv);
+      std::vector<Tensor> gs = step_counts(gp), cs = to_cpu(gs);
       AdamWHyper h{0.01, 0.8, 0.95, 1e-6, 0.1};
       for (int s = 1; s <= 3; ++s) {
-        h.step = s;
         std::vector<Tensor> gg = assorted(dtype, kSizes, misaligned);
         std::vector<Tensor> cg = to_cpu(gg);
-        kernels::adamw_step(gp, gg, gm, gv, h);
-        kernels::adamw_step(cp, cg, cm, cv, h);
+        kernels::adamw_step(lists(gp, gg, {gm, gv}, gs), h);
+        kernels::adamw_step(lists(cp, cg, {cm, cv}, cs), h);
+        expect_parity(gs, cs, 0.0, "step count");
         expect_parity(gp, cp, parity_tolerance(dtype), "param");
         expect_parity(gm, cm, parity_tolerance(DType::f32), "exp_avg");
         expect_parity(gv, cv, parity_tolerance(DType::f32), "exp_avg_sq");
@@ -730,8 +845,9 @@ TEST(OptimCuda, ManyTensorsAndMixedDtypesInOneCall) {
   std::vector<Tensor> gm = state_like(gp, false), gv = state_like(gp, false);
   std::vector<Tensor> cm = to_cpu(gm), cv = to_cpu(gv);
   AdamWHyper h;
-  kernels::adamw_step(gp, gg, gm, gv, h);
-  kernels::adamw_step(cp, cg, cm, cv, h);
+  std::vector<Tensor> gs = step_counts(gp), cs = to_cpu(gs);
+  kernels::adamw_step(lists(gp, gg, {gm, gv}, gs), h);
+  kernels::adamw_step(lists(cp, cg, {cm, cv}, cs), h);
   for (size_t i = 0; i < gp.size(); ++i) {
     EXPECT_TRUE(testing::all_close(kernels::to_device(gp[i], Device()), cp[i], parity_tolerance(gp[i].dtype()),
                                    parity_tolerance(gp[i].dtype())))
