@@ -1,11 +1,12 @@
 // A training-like loop for kill_rank_test.sh: every rank all-reduces a 1 MiB gradient per step over
-// MPI, and at step 5 rank 1 either kills itself (SIGKILL; "kill", the default) or stops
+// MPI (or, with TANDEM_FAULT_ON_GPU=1, a GPU tensor over NCCL), and at step 5 rank 1 either kills itself (SIGKILL; "kill", the default) or stops
 // communicating for good ("hang"). The other ranks must end, non-zero, soon after: when a rank
 // dies mpirun tears the job down; when one hangs, tandem's timeout raises on the others, they exit
 // non-zero, and mpirun then ends the hung one.
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -15,10 +16,15 @@
 int main(int argc, char** argv) {
   using namespace tandem;
   bool hang = argc > 1 && std::strcmp(argv[1], "hang") == 0;
+  const char* on_gpu_env = std::getenv("TANDEM_FAULT_ON_GPU");
+  const bool on_gpu = on_gpu_env != nullptr && std::strcmp(on_gpu_env, "1") == 0;
   dist::InitOptions options;
-  options.use_gpu = false;
+  options.use_gpu = on_gpu;
   const dist::World& w = dist::init(options);
-  Tensor grad = randn({1 << 18});  // (262144,) f32
+  const Device device = on_gpu ? w.device : Device();
+  dist::ProcessGroup& group = w.group_for(device);
+  Tensor grad = randn({1 << 18}, TensorOptions(DType::f32, device));  // (262144,) f32
+  if (w.rank == 0) std::printf("rank 0: all-reducing on %s\n", device.str().c_str());
   try {
     for (int step = 0; step < 100000; ++step) {
       if (w.rank == 1 && step == 5) {
@@ -28,7 +34,7 @@ int main(int argc, char** argv) {
         if (!hang) std::raise(SIGKILL);
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
       }
-      w.cpu_group->all_reduce(grad, dist::ReduceOp::avg)->wait();
+      group.all_reduce(grad, dist::ReduceOp::avg)->synchronize();
       if (w.rank == 0) {
         std::printf("rank 0: step %d done\n", step);
         std::fflush(stdout);

@@ -1,0 +1,218 @@
+// Training-step benchmark: the time of one full step (zero_grad, forward, loss, backward, AdamW
+// step) of a benchmark workload on one device, at a given precision. bench/reference/train_step.py
+// runs the same workload in PyTorch and prints the same JSON keys, so the two can be put side by
+// side. Prints each step's loss, a one-line summary on stderr and the JSON as stdout's last line.
+//
+//   train_step --workload mlp --precision bf16
+//   train_step --device cpu --batch 8 --steps 3 --warmup 1
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tandem/core/cuda_api.h"
+#include "tandem/tandem.h"
+
+using namespace tandem;
+
+namespace {
+
+struct Config {
+  std::string workload = "mlp";
+  std::string precision = "f32";
+  std::string device = cuda::is_available() ? "cuda" : "cpu";
+  int64_t batch = 1024;  // per GPU
+  int64_t warmup = 10;
+  int64_t steps = 50;
+  std::string json;  // also written here when set
+};
+
+// What a precision name means in tandem: the dtype of parameters, activations and data; the f32
+// matmul mode (TF32 or not); and whether the loss is scaled.
+struct Precision {
+  DType dtype;
+  cuda::MatmulPrecision matmul;
+  bool grad_scaler;
+};
+
+Precision parse_precision(const std::string& name) {
+  if (name == "f32") return {DType::f32, cuda::MatmulPrecision::highest, false};
+  if (name == "tf32") return {DType::f32, cuda::MatmulPrecision::high, false};
+  if (name == "bf16") return {DType::bf16, cuda::MatmulPrecision::highest, false};
+  if (name == "fp16") return {DType::f16, cuda::MatmulPrecision::highest, true};
+  TANDEM_THROW(ValueError, "unknown precision '", name, "': expected f32, tf32, bf16 or fp16");
+}
+
+// A workload: the model, and the forward pass plus loss on a batch drawn once, before timing.
+struct Workload {
+  std::shared_ptr<nn::Module> model;
+  std::function<Tensor()> loss;  // () f32 scalar, with the graph back to the model's parameters
+};
+using WorkloadFactory = Workload (*)(const Config& cfg, DType dtype, Device device);
+
+// MLP 1024 -> 4096 -> 4096 -> 4096 -> 4096 -> 1024 (58.7M parameters), GELU (tanh) between the
+// linear layers, mean squared error against a random target.
+Workload make_mlp(const Config& cfg, DType dtype, Device device) {
+  const std::vector<int64_t> widths = {1024, 4096, 4096, 4096, 4096, 1024};
+  auto model = std::make_shared<nn::Sequential>();
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    if (i > 0) model->push_back(std::make_shared<nn::GELU>(GeluApproximate::tanh));
+    model->push_back(std::make_shared<nn::Linear>(widths[i], widths[i + 1], true, TensorOptions(DType::f32, device)));
+  }
+  model->to(dtype);  // 16-bit parameters; the optimizer keeps f32 master weights itself
+  Tensor x = randn({cfg.batch, widths.front()}, TensorOptions(dtype, device));      // (B, 1024) inputs
+  Tensor target = randn({cfg.batch, widths.back()}, TensorOptions(dtype, device));  // (B, 1024) targets
+  // The loss is taken in f32, as torch.autocast does for mse_loss: the f16 gradient of a loss
+  // kept in f16 would be the scale itself (65536, above f16's largest value), and unscaled the
+  // gradient 2 (y - t) / (B * 1024) of the mean is subnormal in f16.
+  return {model, [model, x, target] { return mse_loss(to((*model)(x), DType::f32), to(target, DType::f32)); }};
+}
+
+// Further workloads (gpt2, resnet18) go here: one factory each.
+const std::map<std::string, WorkloadFactory> kWorkloads = {{"mlp", make_mlp}};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int run_benchmark(const Config& cfg) {
+  const Device device(cfg.device);
+  const bool on_gpu = device.is_cuda();
+  const Precision precision = parse_precision(cfg.precision);
+  cuda::set_matmul_precision(precision.matmul);  // set for every precision: f32 must not inherit TF32
+
+  manual_seed(0);
+  Workload workload = kWorkloads.at(cfg.workload)(cfg, precision.dtype, device);
+  optim::AdamWOptions adamw;
+  adamw.lr = 1e-4;  // torch.optim.AdamW's defaults otherwise
+  optim::AdamW optimizer(workload.model->parameters(), adamw);
+
+  std::optional<amp::GradScaler> scaler;
+  if (precision.grad_scaler) scaler.emplace(device);
+
+  // One step; returns the loss, detached and still on the device, so no step waits for the host.
+  auto step = [&]() -> Tensor {
+    optimizer.zero_grad(/*set_to_none=*/true);
+    Tensor loss = workload.loss();
+    if (scaler) {
+      Tensor scaled = scaler->scale(loss);
+      scaled.backward();
+      scaler->step(optimizer);
+      scaler->update();
+      return loss.detach();
+    }
+    loss.backward();
+    optimizer.step();
+    return loss.detach();
+  };
+
+  std::vector<Tensor> losses;  // () each, one per step, warm-up included
+  for (int64_t i = 0; i < cfg.warmup; ++i) losses.push_back(step());
+  if (on_gpu) {
+    cuda::synchronize(device.index);
+    cuda::reset_peak_memory_stats(device.index);
+  }
+
+  std::vector<double> step_ms;  // (steps,) timed steps
+  if (on_gpu) {
+    // Events on tandem's compute stream; timed step i runs between marks[i] and marks[i + 1].
+    std::vector<cuda::Event> marks(cfg.steps + 1);
+    marks[0].record(device.index);
+    for (int64_t i = 0; i < cfg.steps; ++i) {
+      losses.push_back(step());
+      marks[i + 1].record(device.index);
+    }
+    marks.back().synchronize();
+    for (int64_t i = 0; i < cfg.steps; ++i) step_ms.push_back(marks[i].elapsed_ms(marks[i + 1]));
+  } else {
+    for (int64_t i = 0; i < cfg.steps; ++i) {  // the CPU backend is synchronous: wall time is step time
+      auto start = std::chrono::steady_clock::now();
+      losses.push_back(step());
+      step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
+
+  std::vector<double> loss_values = stack(losses).to_double_vector();  // (warmup + steps,)
+  for (size_t i = 0; i < loss_values.size(); ++i) {
+    int64_t timed = static_cast<int64_t>(i) - cfg.warmup;
+    if (timed < 0) {
+      std::printf("step %3zu  loss %.6f  (warm-up)\n", i, loss_values[i]);
+    } else {
+      std::printf("step %3zu  loss %.6f  %.3f ms\n", i, loss_values[i], step_ms[timed]);
+    }
+  }
+
+  const double med = median(step_ms);
+  const double min = *std::min_element(step_ms.begin(), step_ms.end());
+  nlohmann::ordered_json result = {
+      {"framework", "tandem"},
+      {"workload", cfg.workload},
+      {"precision", cfg.precision},
+      {"device", device.str()},
+      {"batch", cfg.batch},
+      {"params", workload.model->num_parameters()},
+      {"step_ms_median", med},
+      {"step_ms_min", min},
+      {"samples_per_s", static_cast<double>(cfg.batch) / (med / 1e3)},
+      {"peak_memory_bytes", on_gpu ? nlohmann::ordered_json(cuda::max_memory_allocated(device.index)) : nullptr},
+      {"loss_first", loss_values.front()},  // before any update
+      {"loss_last", loss_values.back()},
+  };
+
+  std::fprintf(stderr,
+               "train_step: tandem %s %s on %s, batch %lld, %.1fM params: %.3f ms/step median (min %.3f), "
+               "%.0f samples/s",
+               cfg.workload.c_str(), cfg.precision.c_str(), device.str().c_str(), static_cast<long long>(cfg.batch),
+               workload.model->num_parameters() / 1e6, med, min, static_cast<double>(cfg.batch) / (med / 1e3));
+  if (on_gpu) std::fprintf(stderr, ", peak %.2f GiB", cuda::max_memory_allocated(device.index) / double(1 << 30));
+  std::fprintf(stderr, ", loss %.6f -> %.6f\n", loss_values.front(), loss_values.back());
+  std::fflush(stderr);
+
+  if (!cfg.json.empty()) {
+    std::ofstream out(cfg.json);
+    TANDEM_CHECK_AS(ValueError, out.good(), "cannot write the JSON file ", cfg.json);
+    out << result.dump(2) << "\n";
+  }
+  std::printf("%s\n", result.dump().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Time one training step (zero_grad, forward, loss, backward, AdamW) of a benchmark workload"};
+  app.option_defaults()->always_capture_default();  // --help shows each default
+  Config cfg;
+  std::vector<std::string> workloads;
+  for (const auto& entry : kWorkloads) workloads.push_back(entry.first);
+  app.add_option("--workload", cfg.workload, "the model and data")->check(CLI::IsMember(workloads));
+  app.add_option("--precision", cfg.precision,
+                 "f32 (no TF32), tf32 (f32 parameters, TF32 matmuls), bf16 or fp16 (16-bit model, fp16 with a "
+                 "gradient scaler)")
+      ->check(CLI::IsMember({"f32", "tf32", "bf16", "fp16"}));
+  app.add_option("--device", cfg.device, "cuda (GPU 0) or cpu; default cuda when a GPU is visible")
+      ->check(CLI::IsMember({"cuda", "cpu"}));
+  app.add_option("--batch", cfg.batch, "samples per step (per GPU)")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", cfg.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", cfg.steps, "timed steps")->check(CLI::PositiveNumber);
+  app.add_option("--json", cfg.json, "also write the result JSON to this file");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run_benchmark(cfg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_step: error: %s\n", e.what());
+    return 1;
+  }
+}
