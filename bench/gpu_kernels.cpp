@@ -1,8 +1,20 @@
 // GPU kernel benchmark: tandem's elementwise, cast, softmax, matmul and convolution kernels next
 // to the ceilings measured in the same run (device-to-device copy bandwidth). Prints one JSON
 // object per line; bench/compare_kernels.py puts them beside PyTorch's figures.
+//
+// Convolutions: besides the ResNet-18 totals, one line per shape and direction
+// ("conv_s{index}_{fwd|bwd_data|bwd_filter}", "_benchmark" appended in benchmark mode) with three
+// figures: "ms" (median of per-call events, as for the totals), "gpu_ms" (device time alone: the
+// stream is held until all repetitions are queued, so host gaps do not count) and "host_ms" (host
+// time to issue one call). ms well above gpu_ms means the host cannot keep the GPU busy.
+// Usage: gpu_kernels [--conv-only]. TANDEM_CUDNN_ALGO_SELECT and friends (core/cuda/cudnn.cpp)
+// choose how cuDNN algorithms are picked.
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
+#include <thread>
 
 #include "gpu_timer.h"
 #include "tandem/core/cuda_api.h"
@@ -14,12 +26,68 @@ using namespace tandem;
 namespace {
 const Device kGpu("cuda:0");
 
-void emit(const std::string& name, double ms, double bytes, double flops) {
+void emit(const std::string& name, double ms, double bytes, double flops, const std::string& extra = "") {
   std::printf("{\"framework\": \"tandem\", \"name\": \"%s\", \"ms\": %.5f", name.c_str(), ms);
   if (bytes > 0) std::printf(", \"gbps\": %.1f", bytes / ms / 1e6);
   if (flops > 0) std::printf(", \"tflops\": %.1f", flops / ms / 1e9);
-  std::printf("}\n");
+  std::printf("%s}\n", extra.c_str());
   std::fflush(stdout);
+}
+
+// Holds a stream until the host opens it (or 2 s pass), so that work queued behind it runs back
+// to back however slowly the host queued it.
+struct Gate {
+  std::atomic<bool> open{false};
+  std::atomic<bool> timed_out{false};
+};
+
+void CUDART_CB hold_stream(void* arg) {
+  auto* gate = static_cast<Gate*>(arg);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!gate->open.load(std::memory_order_acquire)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      gate->timed_out = true;
+      return;
+    }
+    std::this_thread::yield();
+  }
+}
+
+struct CallTimes {
+  double ms = 0;       // median of per-call events
+  double gpu_ms = -1;  // device time per call with the stream held while queuing; -1: the gate timed out
+  double host_ms = 0;  // host time to queue one call
+};
+
+CallTimes time_call(const std::function<void()>& fn, int reps = 20) {
+  CallTimes t;
+  t.ms = bench::median_ms(fn, 3, reps);
+  cudaStream_t stream = cuda::current_stream(0);
+  cudaEvent_t start, stop;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&start));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
+  Gate gate;
+  TANDEM_CUDA_CHECK(cudaLaunchHostFunc(stream, hold_stream, &gate));
+  TANDEM_CUDA_CHECK(cudaEventRecord(start, stream));
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    for (int i = 0; i < reps; ++i) fn();
+  } catch (...) {
+    gate.open.store(true, std::memory_order_release);  // the gate must not outlive its host function
+    cudaStreamSynchronize(stream);
+    throw;
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  TANDEM_CUDA_CHECK(cudaEventRecord(stop, stream));
+  gate.open.store(true, std::memory_order_release);
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  float ms = 0;
+  TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  t.host_ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / reps;
+  if (!gate.timed_out) t.gpu_ms = static_cast<double>(ms) / reps;
+  return t;
 }
 
 struct ConvShape {
@@ -37,10 +105,25 @@ const ConvShape kResNet18[] = {
 const int kResNet18Count[] = {1, 4, 1, 3, 1, 1, 3, 1, 1, 3, 1};
 }  // namespace
 
-int main() {
+void resnet18_convs();
+
+int main(int argc, char** argv) {
   if (!cuda::is_available()) {
     std::fprintf(stderr, "gpu_kernels: no CUDA device\n");
     return 1;
+  }
+  bool conv_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--conv-only") == 0) {
+      conv_only = true;
+    } else {
+      std::fprintf(stderr, "usage: gpu_kernels [--conv-only]\n");
+      return 2;
+    }
+  }
+  if (conv_only) {
+    resnet18_convs();
+    return 0;
   }
   const int64_t n = int64_t(1) << 28;  // 256 Mi elements: 1 GiB in f32, far beyond L2
   Tensor a = randn({n}, TensorOptions(DType::f32, kGpu));
@@ -78,10 +161,29 @@ int main() {
   emit("matmul8192_bf16", bench::median_ms([&] { kernels::matmul(x16, y16); }, 3, 20), 0, flops);
   x = y = x16 = y16 = Tensor();
 
-  // ResNet-18's convolutions, forward + backward (input and weight gradients), bf16, weighted by
-  // how often each shape occurs in the network.
+  resnet18_convs();
+  return 0;
+}
+
+namespace {
+std::string conv_fields(const ConvShape& s, int count, const CallTimes& t) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                ", \"shape\": \"%lldx%lldx%lldx%lld k%lld r%lld s%lld p%lld\", \"count\": %d, \"gpu_ms\": %.5f, "
+                "\"host_ms\": %.5f",
+                static_cast<long long>(s.n), static_cast<long long>(s.c), static_cast<long long>(s.h),
+                static_cast<long long>(s.w), static_cast<long long>(s.k), static_cast<long long>(s.r),
+                static_cast<long long>(s.stride), static_cast<long long>(s.pad), count, t.gpu_ms, t.host_ms);
+  return buf;
+}
+}  // namespace
+
+// ResNet-18's convolutions, forward + backward (input and weight gradients), bf16, weighted by how
+// often each shape occurs in the network; and each shape and direction on its own.
+void resnet18_convs() {
   for (bool benchmark : {false, true}) {
     cuda::set_cudnn_benchmark(benchmark);
+    const std::string suffix = benchmark ? "_benchmark" : "";
     double total = 0, total_flops = 0;
     for (size_t i = 0; i < sizeof(kResNet18) / sizeof(kResNet18[0]); ++i) {
       const ConvShape& s = kResNet18[i];
@@ -98,10 +200,17 @@ int main() {
         kernels::conv2d_backward_weight(g, in, w.shape(), p);
       });
       total += ms * kResNet18Count[i];
-      total_flops += 3.0 * 2.0 * out.numel() * s.c * s.r * s.r * kResNet18Count[i];
+      const double flops = 2.0 * out.numel() * s.c * s.r * s.r;  // one direction
+      total_flops += 3.0 * flops * kResNet18Count[i];
+      const std::string base = "conv_s" + std::to_string(i) + "_";
+      CallTimes fwd = time_call([&] { kernels::conv2d(in, w, p); });
+      emit(base + "fwd" + suffix, fwd.ms, 0, flops, conv_fields(s, kResNet18Count[i], fwd));
+      CallTimes bwd_data = time_call([&] { kernels::conv2d_backward_input(g, w, in.shape(), p); });
+      emit(base + "bwd_data" + suffix, bwd_data.ms, 0, flops, conv_fields(s, kResNet18Count[i], bwd_data));
+      CallTimes bwd_filter = time_call([&] { kernels::conv2d_backward_weight(g, in, w.shape(), p); });
+      emit(base + "bwd_filter" + suffix, bwd_filter.ms, 0, flops, conv_fields(s, kResNet18Count[i], bwd_filter));
     }
-    emit(benchmark ? "resnet18_convs_fwd_bwd_bf16_benchmark" : "resnet18_convs_fwd_bwd_bf16", total, 0, total_flops);
+    emit("resnet18_convs_fwd_bwd_bf16" + suffix, total, 0, total_flops);
   }
   cuda::set_cudnn_benchmark(false);
-  return 0;
 }

@@ -1,6 +1,23 @@
 """PyTorch's figures for the workloads of bench/gpu_kernels.cpp, timed the same way (CUDA events,
-warm-up, median), printed as one JSON object per line."""
+warm-up, median), printed as one JSON object per line.
+
+Convolutions: the ResNet-18 totals, and one line per shape and direction
+("conv_s{index}_{fwd|bwd_data|bwd_filter}", "_benchmark" appended with cudnn.benchmark) with "ms"
+(median of per-call events), "gpu_ms" (device time alone: a spin kernel holds the stream while
+the repetitions are queued) and "host_ms" (host time to issue one call), as gpu_kernels prints.
+
+The tensors are contiguous (NCHW), so PyTorch runs the convolutions in NCHW too
+(cudnn_conv_suggest_memory_format picks channels-last only for channels-last tensors), and bf16
+convolutions always go through cuDNN's graph API (Conv_v8.cpp). Its execution-plan cache is keyed
+without the benchmark flag, so a benchmark pass in the same process would reuse the heuristic
+pass's plans: the benchmark pass runs in a fresh process.
+
+Usage: kernels.py [--conv-only] [--conv-pass both|heuristic|benchmark]"""
+import argparse
 import json
+import subprocess
+import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -20,13 +37,55 @@ def median_ms(fn, warmup=3, reps=20):
     return times[reps // 2]
 
 
-def emit(name, ms, bytes_=0.0, flops=0.0):
+def emit(name, ms, bytes_=0.0, flops=0.0, **extra):
     row = {"framework": "pytorch", "name": name, "ms": round(ms, 5)}
     if bytes_:
         row["gbps"] = round(bytes_ / ms / 1e6, 1)
     if flops:
         row["tflops"] = round(flops / ms / 1e9, 1)
+    row.update(extra)
     print(json.dumps(row), flush=True)
+
+
+_cycles_per_ms = None
+
+
+def spin_cycles_per_ms():
+    """torch.cuda._sleep's cycles per millisecond on this GPU, measured once."""
+    global _cycles_per_ms
+    if _cycles_per_ms is None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        torch.cuda.synchronize()
+        _cycles_per_ms = 10_000_000 / start.elapsed_time(end)
+    return _cycles_per_ms
+
+
+def time_call(fn, reps=20):
+    """(ms, gpu_ms, host_ms): median of per-call events; device time per call while a spin kernel
+    held the stream during queuing (-1 if the spin ended before queuing did); host time per call."""
+    ms = median_ms(fn, 3, reps)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    host_ms = (time.perf_counter() - t0) * 1e3 / reps
+    torch.cuda.synchronize()
+    hold_ms = 20.0 + 3.0 * host_ms * reps
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(hold_ms * spin_cycles_per_ms()))
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    queued_ms = (time.perf_counter() - t0) * 1e3
+    end.record()
+    torch.cuda.synchronize()
+    gpu_ms = start.elapsed_time(end) / reps if queued_ms < hold_ms else -1.0
+    return ms, gpu_ms, queued_ms / reps
 
 
 RESNET18 = [  # (n, c, h, w, k, r, stride, pad), count in one forward pass
@@ -39,8 +98,63 @@ RESNET18 = [  # (n, c, h, w, k, r, stride, pad), count in one forward pass
 ]
 
 
+def resnet18_convs(dev, passes):
+    for benchmark in passes:
+        torch.backends.cudnn.benchmark = benchmark
+        suffix = "_benchmark" if benchmark else ""
+        total, total_flops = 0.0, 0.0
+        for index, ((n_, c, h, w, k, r, stride, pad), count) in enumerate(RESNET18):
+            inp = torch.randn(n_, c, h, w, device=dev, dtype=torch.bfloat16)
+            wt = torch.randn(k, c, r, r, device=dev, dtype=torch.bfloat16)
+            out = F.conv2d(inp, wt, stride=stride, padding=pad)
+            g = torch.randn_like(out)
+
+            def backward(mask):
+                return torch.ops.aten.convolution_backward(g, inp, wt, None, [stride, stride], [pad, pad], [1, 1],
+                                                           False, [0, 0], 1, mask)
+
+            def step():
+                F.conv2d(inp, wt, stride=stride, padding=pad)
+                backward([True, True, False])
+
+            total += median_ms(step) * count
+            flops = 2.0 * out.numel() * c * r * r  # one direction
+            total_flops += 3 * flops * count
+            shape = f"{n_}x{c}x{h}x{w} k{k} r{r} s{stride} p{pad}"
+            directions = [
+                ("fwd", lambda: F.conv2d(inp, wt, stride=stride, padding=pad)),
+                ("bwd_data", lambda: backward([True, False, False])),
+                ("bwd_filter", lambda: backward([False, True, False])),
+            ]
+            for direction, fn in directions:
+                ms, gpu_ms, host_ms = time_call(fn)
+                emit(f"conv_s{index}_{direction}{suffix}", ms, flops=flops, shape=shape, count=count,
+                     gpu_ms=round(gpu_ms, 5), host_ms=round(host_ms, 5))
+        emit("resnet18_convs_fwd_bwd_bf16" + suffix, total, flops=total_flops)
+
+
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--conv-only", action="store_true", help="only the convolutions")
+    parser.add_argument("--conv-pass", choices=["both", "heuristic", "benchmark"], default="both",
+                        help="cudnn.benchmark off, on, or both (on in a fresh process)")
+    args = parser.parse_args()
     dev = torch.device("cuda:0")
+    if args.conv_pass != "benchmark":
+        emit("versions", 0.0, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+             device=torch.cuda.get_device_name(dev))
+    if not args.conv_only:
+        other_kernels(dev)
+    if args.conv_pass in ("both", "heuristic"):
+        resnet18_convs(dev, [False])
+    if args.conv_pass == "benchmark":
+        resnet18_convs(dev, [True])
+    elif args.conv_pass == "both":
+        sys.stdout.flush()
+        subprocess.run([sys.executable, __file__, "--conv-only", "--conv-pass", "benchmark"], check=True)
+
+
+def other_kernels(dev):
     n = 1 << 28
     a = torch.randn(n, device=dev)
     b = torch.randn(n, device=dev)
@@ -69,24 +183,6 @@ def main():
     x16, y16 = x.bfloat16(), y.bfloat16()
     emit("matmul8192_bf16", median_ms(lambda: torch.matmul(x16, y16)), flops=flops)
     del x, y, x16, y16
-
-    for benchmark in (False, True):
-        torch.backends.cudnn.benchmark = benchmark
-        total, total_flops = 0.0, 0.0
-        for (n_, c, h, w, k, r, stride, pad), count in RESNET18:
-            inp = torch.randn(n_, c, h, w, device=dev, dtype=torch.bfloat16)
-            wt = torch.randn(k, c, r, r, device=dev, dtype=torch.bfloat16)
-            out = F.conv2d(inp, wt, stride=stride, padding=pad)
-            g = torch.randn_like(out)
-
-            def step():
-                F.conv2d(inp, wt, stride=stride, padding=pad)
-                torch.ops.aten.convolution_backward(g, inp, wt, None, [stride, stride], [pad, pad], [1, 1], False,
-                                                    [0, 0], 1, [True, True, False])
-
-            total += median_ms(step) * count
-            total_flops += 3 * 2.0 * out.numel() * c * r * r * count
-        emit("resnet18_convs_fwd_bwd_bf16" + ("_benchmark" if benchmark else ""), total, flops=total_flops)
 
 
 if __name__ == "__main__":
