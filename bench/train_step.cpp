@@ -1,9 +1,12 @@
 // Training-step benchmark: the time of one full step (zero_grad, forward, loss, backward, AdamW
-// step) of a benchmark workload on one device, at a given precision. bench/reference/train_step.py
+// step) of a benchmark workload at a given precision, on one device or, under mpirun -np N, data
+// parallel with DistributedDataParallel (one GPU per rank, the batch per GPU fixed), reporting
+// DDP's statistics of the last step too. bench/reference/train_step.py
 // runs the same workload in PyTorch and prints the same JSON keys, so the two can be put side by
 // side. Prints each step's loss, a one-line summary on stderr and the JSON as stdout's last line.
 //
 //   train_step --workload mlp --precision bf16
+//   mpirun -np 2 train_step --workload mlp --precision bf16 --bucket-mb 25
 //   train_step --device cpu --batch 8 --steps 3 --warmup 1
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "tandem/core/cuda_api.h"
+#include "tandem/dist/ddp.h"
 #include "tandem/tandem.h"
 
 using namespace tandem;
@@ -34,6 +38,10 @@ struct Config {
   int64_t warmup = 10;
   int64_t steps = 50;
   std::string json;  // also written here when set
+  // Data parallel (under mpirun): DistributedDataParallel's options.
+  double bucket_mb = 25.0;
+  std::string comm_dtype = "same";  // same (the gradients' dtype), f32 or bf16
+  bool no_overlap = false;
 };
 
 // What a precision name means in tandem: the dtype of parameters, activations and data; the f32
@@ -53,9 +61,11 @@ Precision parse_precision(const std::string& name) {
 }
 
 // A workload: the model, and the forward pass plus loss on a batch drawn once, before timing.
+// The loss runs the model through `forward` (the model itself, or DDP around it).
+using Forward = std::function<Tensor(const Tensor&)>;
 struct Workload {
   std::shared_ptr<nn::Module> model;
-  std::function<Tensor()> loss;  // () f32 scalar, with the graph back to the model's parameters
+  std::function<Tensor(const Forward&)> loss;  // () f32 scalar, with the graph back to the parameters
 };
 using WorkloadFactory = Workload (*)(const Config& cfg, DType dtype, Device device);
 
@@ -69,12 +79,15 @@ Workload make_mlp(const Config& cfg, DType dtype, Device device) {
     model->push_back(std::make_shared<nn::Linear>(widths[i], widths[i + 1], true, TensorOptions(DType::f32, device)));
   }
   model->to(dtype);  // 16-bit parameters; the optimizer keeps f32 master weights itself
+  manual_seed(1 + static_cast<uint64_t>(dist::world().rank));  // each rank its own batch
   Tensor x = randn({cfg.batch, widths.front()}, TensorOptions(dtype, device));      // (B, 1024) inputs
   Tensor target = randn({cfg.batch, widths.back()}, TensorOptions(dtype, device));  // (B, 1024) targets
   // The loss is taken in f32, as torch.autocast does for mse_loss: the f16 gradient of a loss
   // kept in f16 would be the scale itself (65536, above f16's largest value), and unscaled the
   // gradient 2 (y - t) / (B * 1024) of the mean is subnormal in f16.
-  return {model, [model, x, target] { return mse_loss(to((*model)(x), DType::f32), to(target, DType::f32)); }};
+  return {model, [x, target](const Forward& forward) {
+            return mse_loss(to(forward(x), DType::f32), to(target, DType::f32));
+          }};
 }
 
 // Further workloads (gpt2, resnet18) go here: one factory each.
@@ -87,7 +100,9 @@ double median(std::vector<double> v) {
 }
 
 int run_benchmark(const Config& cfg) {
-  const Device device(cfg.device);
+  const dist::World& world = dist::init();
+  const bool lead = world.rank == 0;
+  const Device device = cfg.device == "cuda" && world.device.is_cuda() ? world.device : Device(cfg.device);
   const bool on_gpu = device.is_cuda();
   const Precision precision = parse_precision(cfg.precision);
   cuda::set_matmul_precision(precision.matmul);  // set for every precision: f32 must not inherit TF32
@@ -98,13 +113,24 @@ int run_benchmark(const Config& cfg) {
   adamw.lr = 1e-4;  // torch.optim.AdamW's defaults otherwise
   optim::AdamW optimizer(workload.model->parameters(), adamw);
 
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+  if (world.size > 1) {
+    dist::DdpOptions options;
+    options.bucket_cap_mb = cfg.bucket_mb;
+    options.overlap = !cfg.no_overlap;
+    if (cfg.comm_dtype == "f32") options.comm_dtype = DType::f32;
+    if (cfg.comm_dtype == "bf16") options.comm_dtype = DType::bf16;
+    ddp = std::make_unique<dist::DistributedDataParallel>(workload.model, options);
+  }
+  const Forward forward = [&](const Tensor& x) { return ddp ? ddp->forward(x) : (*workload.model)(x); };
+
   std::optional<amp::GradScaler> scaler;
   if (precision.grad_scaler) scaler.emplace(device);
 
   // One step; returns the loss, detached and still on the device, so no step waits for the host.
   auto step = [&]() -> Tensor {
     optimizer.zero_grad(/*set_to_none=*/true);
-    Tensor loss = workload.loss();
+    Tensor loss = workload.loss(forward);
     if (scaler) {
       Tensor scaled = scaler->scale(loss);
       scaled.backward();
@@ -144,6 +170,16 @@ int run_benchmark(const Config& cfg) {
   }
 
   std::vector<double> loss_values = stack(losses).to_double_vector();  // (warmup + steps,)
+  nlohmann::ordered_json ddp_json = nullptr;
+  if (ddp) {
+    const dist::DdpStats& st = ddp->stats();  // the last step's
+    ddp_json = {{"world_size", world.size},         {"bucket_mb", cfg.bucket_mb},
+                {"comm_dtype", cfg.comm_dtype},     {"overlap", !cfg.no_overlap},
+                {"buckets", st.buckets},            {"bytes", st.bytes},
+                {"comm_ms", st.comm_ms},            {"exposed_ms", st.exposed_ms},
+                {"hidden_fraction", st.hidden_fraction}};
+  }
+  if (!lead) return 0;
   for (size_t i = 0; i < loss_values.size(); ++i) {
     int64_t timed = static_cast<int64_t>(i) - cfg.warmup;
     if (timed < 0) {
@@ -168,6 +204,7 @@ int run_benchmark(const Config& cfg) {
       {"peak_memory_bytes", on_gpu ? nlohmann::ordered_json(cuda::max_memory_allocated(device.index)) : nullptr},
       {"loss_first", loss_values.front()},  // before any update
       {"loss_last", loss_values.back()},
+      {"ddp", ddp_json},
   };
 
   std::fprintf(stderr,
@@ -208,6 +245,11 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", cfg.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--steps", cfg.steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--json", cfg.json, "also write the result JSON to this file");
+  app.add_option("--bucket-mb", cfg.bucket_mb, "DDP: gradient bucket size in MB (under mpirun)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--comm-dtype", cfg.comm_dtype, "DDP: dtype gradients travel in: same, f32 or bf16")
+      ->check(CLI::IsMember({"same", "f32", "bf16"}));
+  app.add_flag("--no-overlap", cfg.no_overlap, "DDP: launch every bucket after backward instead of during it");
   CLI11_PARSE(app, argc, argv);
   try {
     return run_benchmark(cfg);

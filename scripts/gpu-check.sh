@@ -41,10 +41,11 @@ fi
 if want suites; then
   t=$build/tests
   for suite in cuda_tests optim_tests; do
-    timeout 600 "$t/$suite" > "$out/$suite.log" 2>&1 || status=1
+    timeout 600 "$t/$suite" --gtest_color=no > "$out/$suite.log" 2>&1 || status=1
     echo "$suite: $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/$suite.log" | head -2 | tr '\n' ' ')"
   done
-  TANDEM_DIST_TIMEOUT=120 timeout 600 mpirun -np 2 --bind-to none "$t/dist_tests" > "$out/dist_tests_np2.log" 2>&1 ||
+  TANDEM_DIST_TIMEOUT=120 timeout 600 mpirun -np 2 --bind-to none "$t/dist_tests" --gtest_color=no \
+    > "$out/dist_tests_np2.log" 2>&1 ||
     status=1
   echo "dist_tests np2: $(grep -cE '^\[  PASSED  \]' "$out/dist_tests_np2.log") ranks passed; $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/dist_tests_np2.log" | head -2 | tr '\n' ' ')"
   TANDEM_FAULT_ON_GPU=1 bash "$root/tests/dist/kill_rank_test.sh" mpirun -np "$t/dist_fault_worker" --bind-to none \

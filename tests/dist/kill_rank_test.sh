@@ -45,5 +45,5 @@ $((elapsed_ms % 1000))) s"
 }
 
 run kill 20 "signal 9|Killed|rank 0: .*(timed out|failed)" "$@"
-run hang 10 "rank 0: mpi all_reduce of [0-9]+ bytes .*timed out after" "$@"
+run hang 10 "rank 0: (mpi|nccl) all_reduce of [0-9]+ bytes .*timed out after" "$@"
 exit $failed
