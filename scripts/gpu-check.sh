@@ -34,7 +34,7 @@ echo "build: $(( $(date +%s) - start )) s"
 
 status=0
 if want tests; then
-  (cd "$build" && ctest --output-on-failure -j 4 --timeout 600 > "$out/ctest.log" 2>&1) || status=1
+  (cd "$build" && ctest --output-on-failure -j "${CTEST_JOBS:-4}" --timeout 600 > "$out/ctest.log" 2>&1) || status=1
   grep -E "tests passed|tests failed|Total Test time" "$out/ctest.log"
   grep -E "\((Failed|Timeout|SEGFAULT|Subprocess|Not Run)" "$out/ctest.log" | head -30
 fi
