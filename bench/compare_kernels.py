@@ -9,7 +9,7 @@ Usage: python3 bench/compare_kernels.py BUILD_DIR [--json OUT.json] [--conv-only
            [--select legacy,v7,graph] [--topk K] [--heur-mode instant|b|a] [--log]
   --conv-only   only the convolutions (both sides)
   --select      run gpu_kernels once per value of TANDEM_CUDNN_ALGO_SELECT (default: one run with
-                the environment as it is, i.e. legacy unless TANDEM_CUDNN_ALGO_SELECT is set)
+                the environment as it is, i.e. graph unless TANDEM_CUDNN_ALGO_SELECT is set)
   --topk        TANDEM_CUDNN_TIME_TOPK for those runs
   --heur-mode   TANDEM_CUDNN_HEUR_MODE for those runs
   --log         TANDEM_CUDNN_LOG=1, and print tandem's cuDNN choices"""
@@ -108,7 +108,7 @@ def main():
         env = dict(os.environ)
         if select is not None:
             env["TANDEM_CUDNN_ALGO_SELECT"] = select
-        select = env.get("TANDEM_CUDNN_ALGO_SELECT", "legacy")
+        select = env.get("TANDEM_CUDNN_ALGO_SELECT", "graph")
         if option("--topk") is not None:
             env["TANDEM_CUDNN_TIME_TOPK"] = option("--topk")
         if option("--heur-mode") is not None:
