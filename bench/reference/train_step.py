@@ -5,6 +5,10 @@ current stream after warm-up; wall time on the CPU), with the same flags and JSO
 step's loss, a one-line summary on stderr and the JSON as stdout's last line. Needs only torch.
 
     python3 bench/reference/train_step.py --precision bf16 [--compile]
+    torchrun --nproc_per_node 2 bench/reference/train_step.py --precision bf16 --bucket-mb 25
+
+Under torchrun (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel over NCCL, one GPU
+per rank, the batch per GPU fixed, like tandem's train_step under mpirun.
 
 Precision here is PyTorch's usual recipe, which tandem's runs are compared against: f32 and tf32
 keep everything in f32 (TF32 matmuls off / on); bf16 and fp16 keep f32 parameters and run the
@@ -13,6 +17,7 @@ forward under torch.autocast, fp16 with a GradScaler.
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -34,6 +39,7 @@ def make_mlp(args, device):
             layers.append(nn.GELU(approximate="tanh"))
         layers.append(nn.Linear(widths[i], widths[i + 1]))
     model = nn.Sequential(*layers).to(device)
+    torch.manual_seed(1 + args.rank)  # each rank its own batch
     x = torch.randn(args.batch, widths[0], device=device)  # (B, 1024) inputs
     target = torch.randn(args.batch, widths[-1], device=device)  # (B, 1024) targets
 
@@ -72,7 +78,15 @@ def main():
     parser.add_argument("--steps", type=int, default=50, help="timed steps")
     parser.add_argument("--json", help="also write the result JSON to this file")
     parser.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb (under torchrun)")
     args = parser.parse_args()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    args.rank = int(os.environ.get("RANK", "0"))
+    if world_size > 1:
+        import torch.distributed as dist
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl")
     if args.batch <= 0 or args.steps <= 0 or args.warmup < 0:
         parser.error("--batch and --steps must be positive, --warmup non-negative")
 
@@ -84,6 +98,9 @@ def main():
     torch.manual_seed(0)
     model, loss_fn = WORKLOADS[args.workload](args, device)
     params = sum(p.numel() for p in model.parameters())
+    if world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+        model = DistributedDataParallel(model, device_ids=[device.index], bucket_cap_mb=args.bucket_mb)
     optimizer = make_adamw(model.parameters(), lr=1e-4)  # torch's defaults otherwise
     scaler = make_grad_scaler(device) if args.precision == "fp16" else None
     run_model = torch.compile(model) if args.compile else model
@@ -129,6 +146,10 @@ def main():
             step_ms.append((time.perf_counter() - start) * 1e3)
 
     loss_values = torch.stack(losses).double().tolist()  # (warmup + steps,)
+    if world_size > 1:
+        dist.destroy_process_group()
+        if args.rank != 0:
+            return
     for i, value in enumerate(loss_values):
         timed = i - args.warmup
         suffix = "(warm-up)" if timed < 0 else f"{step_ms[timed]:.3f} ms"
@@ -149,6 +170,7 @@ def main():
         "peak_memory_bytes": peak,
         "loss_first": loss_values[0],  # before any update
         "loss_last": loss_values[-1],
+        "ddp": {"world_size": world_size, "bucket_mb": args.bucket_mb} if world_size > 1 else None,
     }
 
     summary = (f"train_step.py: {result['framework']} {args.workload} {args.precision} on {device}, batch {args.batch}, "
