@@ -28,7 +28,7 @@ for w in ${workloads//,/ }; do
       > "$out/tandem_${tag}_2.log" 2>&1 || echo "tandem $tag 2 GPUs FAILED"
     timeout 240 python3 "$ref" --workload "$w" --precision "$p" --json "$out/torch_${tag}_1.json" \
       > "$out/torch_${tag}_1.log" 2>&1 || echo "pytorch $tag 1 GPU FAILED"
-    timeout 240 torchrun --standalone --nproc_per_node 2 "$ref" --workload "$w" --precision "$p" \
+    timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node 2 "$ref" --workload "$w" --precision "$p" \
       --json "$out/torch_${tag}_2.json" > "$out/torch_${tag}_2.log" 2>&1 || echo "pytorch $tag 2 GPUs FAILED"
   done
 done
