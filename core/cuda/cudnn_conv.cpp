@@ -340,35 +340,34 @@ std::shared_ptr<ConvGraph> build_conv_graph(Direction dir, cudnnHandle_t h, cons
   const cudnnBackendAttributeType_t scalar_type = f64 ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT;
   const void* alpha = kScalars.one(dtype);
   const void* beta = kScalars.zero(dtype);
-  switch (dir) {
-    case Direction::forward:
-      g->op = BackendDesc(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-      g->op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, g->x);
-      g->op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, g->w);
-      g->op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, g->y);
-      g->op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, g->conv);
-      g->op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, scalar_type, 1, alpha);
-      g->op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, scalar_type, 1, beta);
-      break;
-    case Direction::backward_data:
-      g->op = BackendDesc(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-      g->op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, g->x);
-      g->op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, g->w);
-      g->op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, g->y);
-      g->op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, g->conv);
-      g->op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, scalar_type, 1, alpha);
-      g->op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, scalar_type, 1, beta);
-      break;
-    case Direction::backward_filter:
-      g->op = BackendDesc(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-      g->op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, g->x);
-      g->op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, g->w);
-      g->op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, g->y);
-      g->op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, g->conv);
-      g->op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, scalar_type, 1, alpha);
-      g->op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, scalar_type, 1, beta);
-      break;
-  }
+  // The same six attributes under each direction's names; x, w and y keep their roles (for
+  // backward data, x is dx; for backward filter, w is dw).
+  struct OpAttributes {
+    cudnnBackendDescriptorType_t type;
+    cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+  };
+  static const OpAttributes kAttributes[3] = {
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
+  };
+  const OpAttributes& a = kAttributes[static_cast<int>(dir)];
+  g->op = BackendDesc(a.type);
+  g->op.set_desc(a.x, g->x);
+  g->op.set_desc(a.w, g->w);
+  g->op.set_desc(a.y, g->y);
+  g->op.set_desc(a.conv, g->conv);
+  g->op.set(a.alpha, scalar_type, 1, alpha);
+  g->op.set(a.beta, scalar_type, 1, beta);
   g->op.finalize();
 
   g->graph = BackendDesc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
