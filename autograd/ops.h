@@ -102,6 +102,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
 
 // ---- matrix product (NumPy matmul: 1-D operands promoted, batch dims broadcast) ----
 Tensor matmul(const Tensor& a, const Tensor& b);
+// A linear layer as one op: activation(x @ weight^T + bias) for x (..., in), weight (out, in),
+// bias (out,) or undefined; the result is (..., out). Activation::gelu_tanh is GELU's tanh form.
+// On CUDA the bias and the GELU run in cuBLASLt's epilogue (and the bias gradient comes out of
+// the weight gradient's matmul); on the CPU they are composed.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              Activation activation = Activation::none);
 
 // ---- shape and views ----
 Tensor reshape(const Tensor& x, const Shape& shape);  // a view when possible, else a copy
@@ -148,6 +154,13 @@ Tensor embedding(const Tensor& indices, const Tensor& weight);
 // the identity otherwise. Draws from `generator` (the default generator when null).
 Tensor dropout(const Tensor& x, double p, bool training, Generator* generator = nullptr);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+
+// Attention over q (B, H, Tq, D), k and v (B, H, Tk, D), any strides: softmax(q k^T * scale
+// [+ causal mask]) v, shaped (B, H, Tq, D). scale 0 means 1 / sqrt(D). With is_causal, query i
+// sees keys 0..i (Tq == Tk). On CUDA, bf16 and f16 run cuDNN's fused flash attention (no T x T
+// matrix is stored); other dtypes and the CPU compute the attention matrix explicitly.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal = false,
+                                    double scale = 0.0);
 
 // ---- joining and indexing ----
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);

@@ -65,6 +65,13 @@ namespace tandem {
   void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,           \
                            const Tensor& save_mean, const Tensor& save_invstd,                      \
                            const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias); \
+  /* layer norm over the last dim: x, out, grad_out, grad_x (rows, D) contiguous; weight, bias, */  \
+  /* grad_weight, grad_bias (D,) contiguous or undefined; mean, rstd (rows,) in the stats dtype */   \
+  void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, \
+                          const Tensor& mean, const Tensor& rstd, double eps);                      \
+  void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,            \
+                           const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,             \
+                           const Tensor& grad_weight, const Tensor& grad_bias);                      \
   /* fused optimizer steps (see UpdateTensors): params, grads, states and masters contiguous, */   \
   /* params of one float dtype on one device, masters either empty or one (maybe undefined) each */ \
   void sgd_step(const UpdateTensors& t, const SgdHyper& h);                                        \
@@ -92,6 +99,27 @@ void copy_device_to_device(void* dst, int dst_device, const void* src, int src_d
 // Page-locked host memory: uploads from it are truly asynchronous.
 void* pinned_allocate(size_t nbytes);
 void pinned_free(void* ptr);
+
+// cuBLASLt matmuls with epilogues (core/cuda/linear.cpp), all operands contiguous, in one dtype.
+// Each returns false, having written nothing, when cuBLASLt offers no algorithm for the problem
+// (the caller then composes the result from plain kernels).
+// out (M, N) = act(x (M, K) @ weight (N, K)^T + bias (N,)); bias may be undefined; pre (M, N)
+// receives x @ W^T + b when act != none (N % 8 == 0 then), and is undefined otherwise.
+bool linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& pre,
+                    Activation act);
+// grad_weight (N, K) = grad (M, N)^T @ x (M, K); grad_bias (N,) = the column sums of grad, or undefined.
+bool linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight, const Tensor& grad_bias);
+
+// cuDNN's fused flash attention (core/cuda/cudnn_attention.cpp; where tandem was built without
+// cuDNN's frontend headers, fused_attention_supported says false and the passes throw).
+// q (B, H, Tq, D), k and v (B, H, Tk, D), out and grads (B, H, Tq|Tk, D): any strides with the last
+// one 1; lse (B, H, Tq, 1) f32 contiguous, the log-sum-exp of each query's scores.
+bool fused_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v);
+void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                             bool causal, double scale);
+void fused_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, const Tensor& grad_q, const Tensor& grad_k,
+                              const Tensor& grad_v, bool causal, double scale);
 }  // namespace cuda
 
 #undef TANDEM_BACKEND_KERNELS

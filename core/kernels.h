@@ -30,6 +30,9 @@ enum class ReduceOp { sum, mean, max, min, argmax, argmin };
 
 enum class RandomKind { uniform, normal, bernoulli };
 
+// The activation a fused linear layer applies to x @ W^T + b (gelu_tanh: GELU's tanh form).
+enum class Activation { none, gelu_tanh };
+
 // 2-D convolution over NCHW tensors, as in torch.nn.functional.conv2d.
 struct Conv2dParams {
   int64_t stride_h = 1, stride_w = 1;
@@ -140,6 +143,56 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
+
+// ---- fused attention (core/attention.cpp): cuDNN's flash attention, CUDA bf16/f16 only ----
+// q (B, H, Tq, D), k and v (B, H, Tk, D) with any strides. Whether the fused path takes them
+// (otherwise scaled_dot_product_attention computes the attention matrix explicitly).
+bool fused_attention_available(const Tensor& q, const Tensor& k, const Tensor& v);
+struct AttentionForward {
+  Tensor out;  // (B, H, Tq, D), a view of (B, Tq, H, D) memory, so merging the heads is free
+  Tensor lse;  // (B, H, Tq, 1) f32: log-sum-exp of each query's scaled, masked scores
+};
+AttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
+struct AttentionGrads {
+  Tensor q, k, v;  // shaped like the inputs, in (B, T, H, D) memory
+};
+AttentionGrads fused_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const AttentionForward& forward, bool causal, double scale);
+
+// ---- layer norm (core/layer_norm.cpp) ----
+// Normalises each row over x's last dim D (biased variance), then scales by weight and shifts by
+// bias, both (D,) in x's dtype or undefined. mean and rstd are (rows,) with rows = numel / D, in
+// f32 (f64 for f64 x); rstd = 1 / sqrt(var + eps).
+struct LayerNormForward {
+  Tensor out;   // like x
+  Tensor mean;  // (rows,)
+  Tensor rstd;  // (rows,)
+};
+LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+struct LayerNormGrads {
+  Tensor x;       // like x
+  Tensor weight;  // (D,), undefined when weight is
+  Tensor bias;    // (D,), undefined unless with_bias
+};
+LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd, bool with_bias);
+
+// ---- linear layer (core/linear.cpp): out = act(x @ weight^T + bias) ----
+// x (..., K), weight (N, K), bias (N,) or undefined. On CUDA, cuBLASLt adds the bias and applies
+// the activation in the matmul's epilogue; elsewhere matmul, add and gelu are composed.
+struct LinearForward {
+  Tensor out;  // (..., N)
+  Tensor pre;  // (..., N): the pre-activation x @ W^T + b when act != none, else undefined
+};
+LinearForward linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act);
+struct LinearGrads {
+  Tensor x;       // like x, when asked for
+  Tensor weight;  // (N, K), when asked for
+  Tensor bias;    // (N,), when asked for
+};
+// pre is LinearForward::pre (needed when act != none); x is needed only for the weight's gradient.
+LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& pre,
+                            Activation act, bool need_x, bool need_weight, bool need_bias);
 
 // ---- convolution, pooling, batch norm (NCHW) ----
 // x (N, C, H, W), weight (K, C / groups, R, S) -> (N, K, P, Q). No bias: add it by broadcasting.

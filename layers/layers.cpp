@@ -20,15 +20,16 @@ TensorOptions stats_options(TensorOptions options) {
 }
 }  // namespace
 
-Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, TensorOptions options) {
+Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, TensorOptions options)
+    : Linear(in_features, out_features, Activation::none, with_bias, options) {}
+
+Linear::Linear(int64_t in_features, int64_t out_features, Activation activation, bool with_bias, TensorOptions options)
+    : activation(activation) {
   weight = register_parameter("weight", fan_in_uniform({out_features, in_features}, in_features, options));
   if (with_bias) bias = register_parameter("bias", fan_in_uniform({out_features}, in_features, options));
 }
 
-Tensor Linear::forward(const Tensor& x) {
-  Tensor y = matmul(x, t(weight));
-  return bias.defined() ? add(y, bias) : y;
-}
+Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias, activation); }
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv2dOptions conv,
                TensorOptions options) {

@@ -8,12 +8,15 @@
 
 namespace tandem::nn {
 
-// y = x W^T + b; W (out, in), b (out,), both U(-1/sqrt(in), 1/sqrt(in)).
+// y = activation(x W^T + b); W (out, in), b (out,), both U(-1/sqrt(in), 1/sqrt(in)). One fused
+// op (see linear() in autograd/ops.h): on CUDA the bias and a GELU run in the matmul's epilogue.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, TensorOptions options = {});
+  Linear(int64_t in_features, int64_t out_features, Activation activation, bool bias = true, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
   Tensor weight, bias;  // (out, in), (out,) or undefined
+  Activation activation = Activation::none;
 
  protected:
   std::string type_name() const override { return "Linear"; }

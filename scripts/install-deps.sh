@@ -20,14 +20,41 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    sudo=sudo
+  fi
+  echo "install-deps: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
-  sudo=sudo
+# cuDNN's header-only C++ frontend (fused attention graphs), for CUDA builds: NVIDIA publishes it
+# on PyPI; only its include/ folder is kept, in .deps/cudnn-frontend/ where CMake looks first.
+# Without it the build still works and attention on CUDA runs unfused.
+frontend_version=1.32.0
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+frontend_dir="$repo/.deps/cudnn-frontend"
+if [ -f "$frontend_dir/include/cudnn_frontend.h" ]; then
+  echo "install-deps: cuDNN frontend headers present"
+elif ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ] && [ -z "${CUDA_HOME:-}" ]; then
+  echo "install-deps: no CUDA toolkit, so no cuDNN frontend headers needed"
+else
+  download="$(mktemp -d)"
+  if python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
+       --platform manylinux_2_28_x86_64 --dest "$download" "nvidia-cudnn-frontend==$frontend_version"; then
+    mkdir -p "$frontend_dir"
+    python3 - "$download"/*.whl "$frontend_dir" <<'PY'
+import sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(dest, [n for n in z.namelist() if n.startswith("include/")])
+PY
+    echo "install-deps: cuDNN frontend $frontend_version headers in .deps/cudnn-frontend/include"
+  else
+    echo "install-deps: could not download nvidia-cudnn-frontend from PyPI: attention on CUDA will run unfused" >&2
+  fi
+  rm -rf "$download"
 fi
-echo "install-deps: installing ${missing[*]}"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,8 +1,15 @@
-// Layer functions built from other differentiable ops (their gradients follow from those).
+// Layer functions: layer norm (one fused kernel each way) and those built from other
+// differentiable ops (their gradients follow from those).
+#include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
+#include "tandem/core/kernels.h"
 #include "tandem/core/random.h"
+#include "tandem/core/views.h"
 
 namespace tandem {
+
+using autograd::record;
+using autograd::saved;
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
@@ -12,14 +19,29 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   Shape tail(x.shape().end() - k, x.shape().end());
   TANDEM_CHECK_AS(ValueError, tail == normalized_shape, "layer_norm: input ", shape_str(x.shape()),
                   " does not end in normalized_shape ", shape_str(normalized_shape));
-  std::vector<int64_t> dims;
-  for (int64_t d = x.dim() - k; d < x.dim(); ++d) dims.push_back(d);
-  Tensor centered = sub(x, mean(x, dims, true));
-  Tensor var = mean(mul(centered, centered), dims, true);
-  Tensor y = mul(centered, rsqrt(add(var, eps)));
-  if (weight.defined()) y = mul(y, weight);
-  if (bias.defined()) y = add(y, bias);
-  return y;
+  for (const Tensor* p : {&weight, &bias}) {
+    TANDEM_CHECK_AS(ValueError, !p->defined() || p->shape() == normalized_shape, "layer_norm: ",
+                    p == &weight ? "weight" : "bias", " must have shape normalized_shape ", shape_str(normalized_shape),
+                    ", got ", shape_str(p->shape()));
+  }
+  // One fused kernel over rows of D = prod(normalized_shape) values.
+  const int64_t d = shape_numel(normalized_shape);
+  Shape rows_shape(x.shape().begin(), x.shape().end() - k);
+  rows_shape.push_back(d);
+  Tensor x_rows = views::reshape(x, rows_shape);  // (..., D)
+  kernels::LayerNormForward f = kernels::layer_norm_forward(x_rows, weight, bias, eps);
+  Tensor out = views::reshape(f.out, x.shape());
+  const bool with_bias = bias.defined() && bias.requires_grad();
+  return record(out, "layer_norm", {x, weight, bias},
+                [sx = saved(x_rows), sw = weight.defined() ? saved(weight) : Tensor(), mean = f.mean, rstd = f.rstd,
+                 with_bias, x_shape = x.shape(), normalized_shape](const Tensor& g) -> std::vector<Tensor> {
+                  kernels::LayerNormGrads grads =
+                      kernels::layer_norm_backward(views::reshape(g, sx.shape()), sx, sw, mean, rstd, with_bias);
+                  Tensor gx = views::reshape(grads.x, x_shape);
+                  Tensor gw = grads.weight.defined() ? views::reshape(grads.weight, normalized_shape) : Tensor();
+                  Tensor gb = grads.bias.defined() ? views::reshape(grads.bias, normalized_shape) : Tensor();
+                  return {gx, gw, gb};
+                });
 }
 
 Tensor embedding(const Tensor& indices, const Tensor& weight) {

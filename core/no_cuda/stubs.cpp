@@ -92,5 +92,26 @@ void non_finite_check_and_unscale_(const std::vector<Tensor>&, const Tensor&, co
   no_cuda("non_finite_check_and_unscale_");
 }
 void update_scale_(const Tensor&, const Tensor&, const Tensor&, double, double, int64_t) { no_cuda("update_scale_"); }
+void layer_norm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double) {
+  no_cuda("layer_norm_forward");
+}
+void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const Tensor&) {
+  no_cuda("layer_norm_backward");
+}
+bool linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Activation) {
+  no_cuda("linear_forward");
+}
+bool linear_backward_weight(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  no_cuda("linear_backward_weight");
+}
+bool fused_attention_supported(const Tensor&, const Tensor&, const Tensor&) { return false; }
+void fused_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
+  no_cuda("fused_attention_forward");
+}
+void fused_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
+  no_cuda("fused_attention_backward");
+}
 
 }  // namespace tandem::cuda

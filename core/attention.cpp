@@ -1,0 +1,71 @@
+// The device-neutral side of fused attention: argument checks, output layouts, routing to cuDNN.
+#include <cstdint>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/kernels.h"
+#include "tandem/core/views.h"
+
+namespace tandem::kernels {
+
+namespace {
+
+void check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
+  TANDEM_CHECK_AS(ValueError, q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+                  "attention: q, k and v must be (B, H, T, D), got shapes ", shape_str(q.shape()), ", ",
+                  shape_str(k.shape()), " and ", shape_str(v.shape()));
+  TANDEM_CHECK_AS(ValueError, k.shape() == v.shape(), "attention: k ", shape_str(k.shape()), " and v ",
+                  shape_str(v.shape()), " must have the same shape");
+  TANDEM_CHECK_AS(ValueError, q.shape()[0] == k.shape()[0] && q.shape()[1] == k.shape()[1] && q.shape()[3] == k.shape()[3],
+                  "attention: q ", shape_str(q.shape()), " and k ", shape_str(k.shape()),
+                  " must agree in batch, heads and head dim");
+  TANDEM_CHECK_AS(TypeError, q.dtype() == k.dtype() && q.dtype() == v.dtype(), "attention: q, k and v must share a dtype, got ",
+                  q.dtype(), ", ", k.dtype(), " and ", v.dtype());
+  TANDEM_CHECK_AS(DeviceError, q.device() == k.device() && q.device() == v.device(),
+                  "attention: q, k and v must be on one device, got ", q.device(), ", ", k.device(), " and ", v.device());
+}
+
+// An empty (B, H, T, D) tensor whose memory is laid out (B, T, H, D).
+Tensor empty_bthd(const Shape& bhtd, TensorOptions options) {
+  Tensor t = empty({bhtd[0], bhtd[2], bhtd[1], bhtd[3]}, options);
+  return views::permute(t, {0, 2, 1, 3});
+}
+
+// x itself when cuDNN can read it in place (last stride 1, aligned rows), else a contiguous copy.
+Tensor fused_layout(const Tensor& x) {
+  bool ok = x.stride(3) == 1 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  for (int64_t d = 0; d < 3 && ok; ++d) ok = x.stride(d) % 8 == 0;
+  return ok ? x : contiguous(x);
+}
+
+}  // namespace
+
+bool fused_attention_available(const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_attention_inputs(q, k, v);
+  return q.device().is_cuda() && cuda::fused_attention_supported(q, k, v);
+}
+
+AttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  TANDEM_CHECK_AS(ValueError, fused_attention_available(q, k, v), "fused attention: no fused kernel for q ",
+                  shape_str(q.shape()), " ", q.dtype(), " on ", q.device(),
+                  " (expected cuda, bf16 or f16, head dim a multiple of 8 up to 128, last stride 1)");
+  TANDEM_CHECK_AS(ValueError, !causal || q.shape()[2] == k.shape()[2], "fused attention: a causal mask needs Tq == Tk, got ",
+                  q.shape()[2], " and ", k.shape()[2]);
+  const Shape& s = q.shape();
+  AttentionForward f{empty_bthd(s, q.options()), empty({s[0], s[1], s[2], 1}, TensorOptions(DType::f32, q.device()))};
+  cuda::fused_attention_forward(fused_layout(q), fused_layout(k), fused_layout(v), f.out, f.lse, causal, scale);
+  return f;
+}
+
+AttentionGrads fused_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const AttentionForward& forward, bool causal, double scale) {
+  TANDEM_CHECK_AS(ValueError, grad_out.shape() == q.shape(), "fused attention backward: grad_out ",
+                  shape_str(grad_out.shape()), " must have q's shape ", shape_str(q.shape()));
+  Tensor g = fused_layout(to_dtype(grad_out, q.dtype()));
+  AttentionGrads grads{empty_bthd(q.shape(), q.options()), empty_bthd(k.shape(), k.options()),
+                       empty_bthd(v.shape(), v.options())};
+  cuda::fused_attention_backward(g, fused_layout(q), fused_layout(k), fused_layout(v), forward.out, forward.lse, grads.q,
+                                 grads.k, grads.v, causal, scale);
+  return grads;
+}
+
+}  // namespace tandem::kernels

@@ -1,0 +1,389 @@
+// CUDA layer norm over the last dim of contiguous (rows, D) tensors, statistics in f32 (f64 for
+// f64). One warp per row: the forward keeps a short row in registers (16-byte loads when D and
+// the pointers allow), so it reads x once and writes out once. The backward computes dx per row
+// and sums dy * xhat and dy per column into each warp's own shared-memory slice; a block adds its
+// warps' slices in order into one f32 partial row, and a second kernel adds the blocks' partial
+// rows in order. No atomics: the weight and bias gradients are the same bits on every run.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/cuda/common.cuh"
+
+namespace tandem::cuda {
+
+namespace {
+template <typename T>
+using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+constexpr int kForwardWarps = 4;             // rows per forward block
+constexpr int kMaxBackwardWarps = 8;         // rows in flight per backward block
+constexpr size_t kSharedBudget = 48u << 10;  // shared memory a block may use without opting in
+
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Packed {
+  T v[V];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void load_vector(const T* p, int64_t j, stat_t<acc_t<T>> (&out)[V]) {
+  Packed<T, V> pack = reinterpret_cast<const Packed<T, V>*>(p)[j];
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = static_cast<stat_t<acc_t<T>>>(to_acc(pack.v[k]));
+}
+
+// Row `row` of x (rows, D), normalised into out; each lane owns vectors lane, lane + 32, ... of V
+// elements. kItems > 0: the row is held in registers (D <= 32 * V * kItems); kItems == 0: it is
+// streamed three times (L1 serves the re-reads).
+template <typename T, int V, int kItems>
+__global__ void __launch_bounds__(kForwardWarps * 32)
+    layer_norm_forward_rows(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+                            T* __restrict__ out, stat_t<acc_t<T>>* __restrict__ mean,
+                            stat_t<acc_t<T>>* __restrict__ rstd, int64_t rows, int64_t d, double eps) {
+  using S = stat_t<acc_t<T>>;
+  const int lane = threadIdx.x;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kForwardWarps + threadIdx.y;
+  if (row >= rows) return;    // the whole warp leaves together
+  const T* xr = x + row * d;  // (D,)
+  T* orow = out + row * d;    // (D,)
+  const int64_t vectors = d / V;
+  const S inv_d = S(1) / static_cast<S>(d);
+
+  S mu = 0, rs = 0;
+  auto write = [&](int64_t j, const S(&v)[V]) {
+    S w[V], b[V];
+    if (weight) load_vector<T, V>(weight, j, w);
+    if (bias) load_vector<T, V>(bias, j, b);
+    Packed<T, V> pack;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      S y = (v[k] - mu) * rs;
+      if (weight) y *= w[k];
+      if (bias) y += b[k];
+      pack.v[k] = cast_to<T>(y);
+    }
+    reinterpret_cast<Packed<T, V>*>(orow)[j] = pack;
+  };
+
+  if constexpr (kItems > 0) {
+    S v[kItems][V];
+    S sum = 0;
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int64_t j = lane + 32 * i;
+      if (j < vectors) {
+        load_vector<T, V>(xr, j, v[i]);
+#pragma unroll
+        for (int k = 0; k < V; ++k) sum += v[i][k];
+      }
+    }
+    mu = warp_sum(sum) * inv_d;
+    S squares = 0;
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      if (lane + 32 * i < vectors) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) squares += (v[i][k] - mu) * (v[i][k] - mu);
+      }
+    }
+    rs = S(1) / sqrt(warp_sum(squares) * inv_d + static_cast<S>(eps));
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int64_t j = lane + 32 * i;
+      if (j < vectors) write(j, v[i]);
+    }
+  } else {
+    S v[V];
+    S sum = 0;
+    for (int64_t j = lane; j < vectors; j += 32) {
+      load_vector<T, V>(xr, j, v);
+#pragma unroll
+      for (int k = 0; k < V; ++k) sum += v[k];
+    }
+    mu = warp_sum(sum) * inv_d;
+    S squares = 0;
+    for (int64_t j = lane; j < vectors; j += 32) {
+      load_vector<T, V>(xr, j, v);
+#pragma unroll
+      for (int k = 0; k < V; ++k) squares += (v[k] - mu) * (v[k] - mu);
+    }
+    rs = S(1) / sqrt(warp_sum(squares) * inv_d + static_cast<S>(eps));
+    for (int64_t j = lane; j < vectors; j += 32) {
+      load_vector<T, V>(xr, j, v);
+      write(j, v);
+    }
+  }
+  if (lane == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
+// dx per row (one warp per row, rows strided over the grid); with partial_* set, also this
+// block's column sums of dy * xhat and dy into partial_dw, partial_db (gridDim.x, D), through
+// shared memory (warps, 2, D) in S.
+template <typename T, int V>
+__global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T* __restrict__ x,
+                                         const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
+                                         const stat_t<acc_t<T>>* __restrict__ rstd, T* __restrict__ grad_x,
+                                         stat_t<acc_t<T>>* __restrict__ partial_dw,
+                                         stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d) {
+  using S = stat_t<acc_t<T>>;
+  extern __shared__ unsigned char shared_raw[];
+  S* shared = reinterpret_cast<S*>(shared_raw);  // (warps, 2, D)
+  const int lane = threadIdx.x, warps = blockDim.y;
+  const bool columns = partial_dw != nullptr;
+  S* my_dw = shared + static_cast<int64_t>(threadIdx.y) * 2 * d;  // (D,)
+  S* my_db = my_dw + d;                                           // (D,)
+  if (columns) {
+    for (int64_t c = lane; c < d; c += 32) my_dw[c] = my_db[c] = S(0);
+    __syncwarp();
+  }
+  const int64_t vectors = d / V;
+  const S inv_d = S(1) / static_cast<S>(d);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.y; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * warps) {
+    const T* gr = grad_out + row * d;  // (D,)
+    const T* xr = x + row * d;         // (D,)
+    T* dxr = grad_x + row * d;         // (D,)
+    const S mu = mean[row], rs = rstd[row];
+    S sum_g = 0, sum_gx = 0;
+    S gv[V], xv[V], wv[V];
+    for (int64_t j = lane; j < vectors; j += 32) {
+      load_vector<T, V>(gr, j, gv);
+      load_vector<T, V>(xr, j, xv);
+      if (weight) load_vector<T, V>(weight, j, wv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const S g = weight ? gv[k] * wv[k] : gv[k];
+        sum_g += g;
+        sum_gx += g * (xv[k] - mu) * rs;
+      }
+    }
+    const S a = warp_sum(sum_g) * inv_d, b = warp_sum(sum_gx) * inv_d;
+    for (int64_t j = lane; j < vectors; j += 32) {
+      load_vector<T, V>(gr, j, gv);
+      load_vector<T, V>(xr, j, xv);
+      if (weight) load_vector<T, V>(weight, j, wv);
+      Packed<T, V> pack;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const S xhat = (xv[k] - mu) * rs;
+        const S g = weight ? gv[k] * wv[k] : gv[k];
+        pack.v[k] = cast_to<T>(rs * (g - a - xhat * b));
+        if (columns) {
+          my_dw[j * V + k] += gv[k] * xhat;  // each lane owns its columns: no races, a fixed order
+          my_db[j * V + k] += gv[k];
+        }
+      }
+      reinterpret_cast<Packed<T, V>*>(dxr)[j] = pack;
+    }
+  }
+  if (!columns) return;
+  __syncthreads();
+  for (int64_t c = threadIdx.y * 32 + lane; c < d; c += static_cast<int64_t>(warps) * 32) {
+    S dw = 0, db = 0;
+    for (int w = 0; w < warps; ++w) {
+      dw += shared[static_cast<int64_t>(w) * 2 * d + c];
+      db += shared[static_cast<int64_t>(w) * 2 * d + d + c];
+    }
+    partial_dw[static_cast<int64_t>(blockIdx.x) * d + c] = dw;
+    partial_db[static_cast<int64_t>(blockIdx.x) * d + c] = db;
+  }
+}
+
+// Column sums for rows too wide for shared memory: block (32, 8) covers 32 columns; blockIdx.y
+// picks a chunk of rows; partial_dw, partial_db (gridDim.y, D).
+constexpr int kColumnRows = 8;
+template <typename T>
+__global__ void layer_norm_column_partials(const T* __restrict__ grad_out, const T* __restrict__ x,
+                                           const stat_t<acc_t<T>>* __restrict__ mean,
+                                           const stat_t<acc_t<T>>* __restrict__ rstd,
+                                           stat_t<acc_t<T>>* __restrict__ partial_dw,
+                                           stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d,
+                                           int64_t rows_per_chunk) {
+  using S = stat_t<acc_t<T>>;
+  __shared__ S shared[2][kColumnRows][32];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
+  S dw = 0, db = 0;
+  if (c < d) {
+    for (int64_t r = begin + threadIdx.y; r < end; r += kColumnRows) {
+      const S g = static_cast<S>(to_acc(grad_out[r * d + c]));
+      dw += g * (static_cast<S>(to_acc(x[r * d + c])) - mean[r]) * rstd[r];
+      db += g;
+    }
+  }
+  shared[0][threadIdx.y][threadIdx.x] = dw;
+  shared[1][threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= d) return;
+  for (int i = 1; i < kColumnRows; ++i) {
+    dw += shared[0][i][threadIdx.x];
+    db += shared[1][i][threadIdx.x];
+  }
+  partial_dw[static_cast<int64_t>(blockIdx.y) * d + c] = dw;
+  partial_db[static_cast<int64_t>(blockIdx.y) * d + c] = db;
+}
+
+// out (D,) = the sum of partial's rows (parts, D), in row order per column. Block (32, 16): 32
+// columns, 16 threads striding over the rows, combined in a fixed order.
+constexpr int kReduceRows = 16;
+template <typename T>
+__global__ void layer_norm_reduce_partials(const stat_t<acc_t<T>>* __restrict__ partial, T* __restrict__ out,
+                                           int64_t parts, int64_t d) {
+  using S = stat_t<acc_t<T>>;
+  __shared__ S shared[kReduceRows][32];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  S sum = 0;
+  if (c < d) {
+    for (int64_t p = threadIdx.y; p < parts; p += kReduceRows) sum += partial[p * d + c];
+  }
+  shared[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= d) return;
+  for (int i = 1; i < kReduceRows; ++i) sum += shared[i][threadIdx.x];
+  out[c] = cast_to<T>(sum);
+}
+
+int multiprocessors(int device) {
+  int count = 0;
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count > 0 ? count : 1;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <typename T, int V>
+void launch_forward(const T* x, const T* w, const T* b, T* out, stat_t<acc_t<T>>* mean, stat_t<acc_t<T>>* rstd,
+                    int64_t rows, int64_t d, double eps, cudaStream_t stream) {
+  const dim3 block(32, kForwardWarps);
+  const unsigned grid = static_cast<unsigned>((rows + kForwardWarps - 1) / kForwardWarps);
+  const int64_t per_item = 32 * V;
+  if (d <= 4 * per_item) {
+    layer_norm_forward_rows<T, V, 4><<<grid, block, 0, stream>>>(x, w, b, out, mean, rstd, rows, d, eps);
+  } else if (d <= 8 * per_item) {
+    layer_norm_forward_rows<T, V, 8><<<grid, block, 0, stream>>>(x, w, b, out, mean, rstd, rows, d, eps);
+  } else {
+    layer_norm_forward_rows<T, V, 0><<<grid, block, 0, stream>>>(x, w, b, out, mean, rstd, rows, d, eps);
+  }
+}
+
+template <typename T>
+void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& mean,
+                   const Tensor& rstd, double eps) {
+  using S = stat_t<acc_t<T>>;
+  const int64_t rows = x.shape()[0], d = x.shape()[1];
+  NvtxRange range("layer_norm");
+  DeviceGuard guard(x.device().index);
+  cudaStream_t stream = stream_of(x);
+  const T* px = device_ptr<const T>(x);                                    // (rows, D)
+  const T* pw = weight.defined() ? device_ptr<const T>(weight) : nullptr;  // (D,)
+  const T* pb = bias.defined() ? device_ptr<const T>(bias) : nullptr;      // (D,)
+  T* po = device_ptr<T>(out);                                              // (rows, D)
+  S* pm = device_ptr<S>(mean);                                             // (rows,)
+  S* pr = device_ptr<S>(rstd);                                             // (rows,)
+  constexpr int V = 16 / sizeof(T);
+  const bool vectorised =
+      d % V == 0 && aligned16(px) && aligned16(po) && (!pw || aligned16(pw)) && (!pb || aligned16(pb));
+  if (vectorised)
+    launch_forward<T, V>(px, pw, pb, po, pm, pr, rows, d, eps, stream);
+  else
+    launch_forward<T, 1>(px, pw, pb, po, pm, pr, rows, d, eps, stream);
+  check_launch("layer_norm");
+}
+
+template <typename T>
+void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                    const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
+  using S = stat_t<acc_t<T>>;
+  const int64_t rows = x.shape()[0], d = x.shape()[1];
+  NvtxRange range("layer_norm_backward");
+  const int device = x.device().index;
+  DeviceGuard guard(device);
+  cudaStream_t stream = stream_of(x);
+  const T* pg = device_ptr<const T>(grad_out);                             // (rows, D)
+  const T* px = device_ptr<const T>(x);                                    // (rows, D)
+  const T* pw = weight.defined() ? device_ptr<const T>(weight) : nullptr;  // (D,)
+  const S* pm = device_ptr<const S>(mean);                                 // (rows,)
+  const S* pr = device_ptr<const S>(rstd);                                 // (rows,)
+  T* pdx = device_ptr<T>(grad_x);                                          // (rows, D)
+  const bool columns = grad_weight.defined() || grad_bias.defined();
+
+  // Warps per block: as many as the shared slices (2 * D values each) allow, up to 8.
+  const size_t slice = 2 * static_cast<size_t>(d) * sizeof(S);
+  int warps = kMaxBackwardWarps;
+  while (columns && warps > 1 && warps * slice > kSharedBudget) warps /= 2;
+  const bool in_shared = columns && warps * slice <= kSharedBudget;
+  const int64_t wanted = (rows + warps - 1) / warps;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(wanted, 4LL * multiprocessors(device)));
+
+  Tensor partial_dw, partial_db;  // (parts, D) f32 (f64 for f64)
+  int64_t parts = 0;
+  if (columns) {
+    parts = in_shared ? grid : std::min<int64_t>((rows + 63) / 64, 1024);
+    TensorOptions o(mean.dtype(), x.device());
+    partial_dw = empty({parts, d}, o);
+    partial_db = empty({parts, d}, o);
+  }
+  S* pdw = columns ? device_ptr<S>(partial_dw) : nullptr;
+  S* pdb = columns ? device_ptr<S>(partial_db) : nullptr;
+
+  constexpr int V = 16 / sizeof(T);
+  const bool vectorised = d % V == 0 && aligned16(pg) && aligned16(px) && aligned16(pdx) && (!pw || aligned16(pw));
+  const dim3 block(32, warps);
+  const size_t shared = in_shared ? warps * slice : 0;
+  S* shared_dw = in_shared ? pdw : nullptr;
+  S* shared_db = in_shared ? pdb : nullptr;
+  if (vectorised) {
+    layer_norm_backward_rows<T, V>
+        <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pdx, shared_dw, shared_db, rows, d);
+  } else {
+    layer_norm_backward_rows<T, 1>
+        <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pdx, shared_dw, shared_db, rows, d);
+  }
+  check_launch("layer_norm_backward");
+  if (!columns) return;
+  if (!in_shared) {
+    const int64_t per_chunk = (rows + parts - 1) / parts;
+    const dim3 column_grid(static_cast<unsigned>((d + 31) / 32), static_cast<unsigned>(parts));
+    layer_norm_column_partials<T>
+        <<<column_grid, dim3(32, kColumnRows), 0, stream>>>(pg, px, pm, pr, pdw, pdb, rows, d, per_chunk);
+    check_launch("layer_norm_backward (column sums)");
+  }
+  const unsigned reduce_grid = static_cast<unsigned>((d + 31) / 32);
+  if (grad_weight.defined()) {
+    layer_norm_reduce_partials<T>
+        <<<reduce_grid, dim3(32, kReduceRows), 0, stream>>>(pdw, device_ptr<T>(grad_weight), parts, d);
+  }
+  if (grad_bias.defined()) {
+    layer_norm_reduce_partials<T>
+        <<<reduce_grid, dim3(32, kReduceRows), 0, stream>>>(pdb, device_ptr<T>(grad_bias), parts, d);
+  }
+  check_launch("layer_norm_backward (partial sums)");
+}
+}  // namespace
+
+void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
+                        const Tensor& mean, const Tensor& rstd, double eps) {
+  dispatch_floating(x.dtype(), "layer_norm", "cuda",
+                    [&](auto tag) { forward_typed<device_t<decltype(tag)>>(x, weight, bias, out, mean, rstd, eps); });
+}
+
+void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
+  dispatch_floating(x.dtype(), "layer_norm_backward", "cuda", [&](auto tag) {
+    backward_typed<device_t<decltype(tag)>>(grad_out, x, weight, mean, rstd, grad_x, grad_weight, grad_bias);
+  });
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,189 @@
+// The linear layer's matmuls through cuBLASLt with epilogues. tandem's matrices are row-major and
+// cuBLASLt's column-major, so every product is computed transposed:
+// - forward, out (M, N) = act(x (M, K) @ W (N, K)^T + b): cuBLASLt computes out^T (N, M) =
+//   op_T(W as stored, (K, N)) @ x as stored (K, M). The bias runs along D's rows (N), which is
+//   what CUBLASLT_EPILOGUE_BIAS broadcasts; GELU_AUX_BIAS also stores x W^T + b into the aux
+//   buffer, column-major (N, M) with leading dimension N: that is pre (M, N) row-major.
+// - weight gradient, dW (N, K) = g (M, N)^T @ x (M, K): cuBLASLt computes dW^T (K, N) =
+//   x as stored (K, M) @ op_T(g as stored, (N, M)). The GEMM's k is M, and the bias gradient
+//   sum_m g[m, n] is a reduction of cuBLASLt's B over k into D's columns (N): BGRADB.
+// Algorithms come from the heuristic and are cached per problem; a problem without an algorithm
+// is reported (false) so the caller composes plain kernels instead.
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/cuda/cublaslt.h"
+#include "tandem/core/cuda/runtime.h"
+
+namespace tandem::cuda {
+
+namespace {
+using namespace lt;
+
+// One cuBLASLt problem D (rows, cols) = op(A) @ op(B), with its epilogue and the alignments the
+// chosen algorithm relies on.
+using PlanKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, int>;
+
+// The algorithm cached per problem, or false where cuBLASLt has none.
+std::map<PlanKey, std::pair<bool, cublasLtMatmulAlgo_t>>& plans() {
+  static std::map<PlanKey, std::pair<bool, cublasLtMatmulAlgo_t>> cache;
+  return cache;
+}
+std::mutex& plans_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+struct Problem {
+  Device device;
+  DType dtype;
+  int64_t rows, cols, k;  // D (rows, cols) = op(A) (rows, k) @ op(B) (k, cols)
+  bool transpose_a, transpose_b;
+  const void* a;  // stored column-major (rows, k), or (k, rows) when transposed
+  int64_t lda;
+  const void* b;  // stored column-major (k, cols), or (cols, k) when transposed
+  int64_t ldb;
+  void* d;  // (rows, cols) column-major, ld = rows
+  cublasLtEpilogue_t epilogue;
+  const void* bias;  // bias (forward) or bias gradient (backward), or null
+  void* aux;         // GELU pre-activation (rows, cols), ld = rows, or null
+};
+
+// Runs the problem; false when cuBLASLt has no algorithm for it.
+bool run(const Problem& p) {
+  Types t = types_for(p.dtype);
+  MatmulDesc desc(t, p.transpose_a, p.transpose_b);
+  TANDEM_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &p.epilogue, sizeof p.epilogue));
+  if (p.bias) {
+    TANDEM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof p.bias));
+    cudaDataType_t bias_type = t.data;  // the output's type (Ctype), as for every non-FP8 kernel
+    TANDEM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+  }
+  if (p.aux) {
+    int64_t aux_ld = p.rows;  // divisible by 8, checked by the caller
+    TANDEM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof p.aux));
+    TANDEM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+  }
+  // A (rows, k) after op: stored (k, rows) when transposed; B (k, cols): stored (cols, k) when transposed.
+  Layout layout_a(t.data, p.transpose_a ? p.k : p.rows, p.transpose_a ? p.rows : p.k, p.lda, 1, 0);
+  Layout layout_b(t.data, p.transpose_b ? p.cols : p.k, p.transpose_b ? p.k : p.cols, p.ldb, 1, 0);
+  Layout layout_d(t.data, p.rows, p.cols, p.rows, 1, 0);
+
+  const int align_a = alignment(p.a), align_b = alignment(p.b), align_d = alignment(p.d);
+  const int align_bias = p.bias ? alignment(p.bias) : 0, align_aux = p.aux ? alignment(p.aux) : 0;
+  const int device = p.device.index;
+  PlanKey key{device,
+              static_cast<int>(p.dtype),
+              static_cast<int>(t.compute),
+              p.rows,
+              p.cols,
+              p.k,
+              p.transpose_a,
+              p.transpose_b,
+              static_cast<int>(p.epilogue),
+              align_a,
+              align_b,
+              align_d,
+              align_bias,
+              align_aux};
+  cublasLtMatmulAlgo_t algo{};
+  {
+    std::lock_guard<std::mutex> lock(plans_mutex());
+    auto it = plans().find(key);
+    if (it == plans().end()) {
+      cublasLtMatmulPreference_t pref = nullptr;
+      TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      size_t workspace = kWorkspaceBytes;
+      uint32_t al_a = static_cast<uint32_t>(align_a), al_b = static_cast<uint32_t>(align_b),
+               al_d = static_cast<uint32_t>(align_d);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                           sizeof workspace);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d);
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle(device), desc.get(), layout_a.get(), layout_b.get(),
+                                                             layout_d.get(), layout_d.get(), pref, 1, &result, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      // No algorithm (an epilogue this library version cannot fuse for the problem) is not an
+      // error: the caller composes plain kernels, whose own calls report any real failure.
+      it = plans().emplace(key, std::make_pair(status == CUBLAS_STATUS_SUCCESS && found > 0, result.algo)).first;
+    }
+    if (!it->second.first) return false;
+    algo = it->second.second;
+  }
+  NvtxRange range("linear");
+  DeviceGuard guard(device);
+  Tensor workspace = empty({static_cast<int64_t>(kWorkspaceBytes)}, TensorOptions(DType::u8, p.device));
+  const float alpha = 1.0f, beta = 0.0f;
+  cublasStatus_t status = cublasLtMatmul(handle(device), desc.get(), &alpha, p.a, layout_a.get(), p.b, layout_b.get(),
+                                         &beta, p.d, layout_d.get(), p.d, layout_d.get(), &algo, workspace.data_ptr(),
+                                         kWorkspaceBytes, current_stream(device));
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused before launching: remember, and compose instead
+    std::lock_guard<std::mutex> lock(plans_mutex());
+    plans()[key].first = false;
+    return false;
+  }
+  TANDEM_CUBLAS_CHECK(status);
+  return true;
+}
+}  // namespace
+
+bool linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& pre,
+                    Activation act) {
+  const int64_t m = x.shape()[0], k = x.shape()[1], n = weight.shape()[0];
+  Problem p{};
+  p.device = out.device();
+  p.dtype = x.dtype();
+  p.rows = n;  // D = out^T (N, M)
+  p.cols = m;
+  p.k = k;
+  p.transpose_a = true;  // W (N, K) row-major is (K, N) column-major: op_T gives (N, K)
+  p.a = weight.data_ptr();
+  p.lda = k;
+  p.transpose_b = false;  // x (M, K) row-major is (K, M) column-major
+  p.b = x.data_ptr();
+  p.ldb = k;
+  p.d = out.data_ptr();
+  p.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  if (act == Activation::gelu_tanh) {
+    p.aux = pre.data_ptr();
+    p.epilogue = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  } else {
+    p.aux = nullptr;
+    p.epilogue = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  }
+  return run(p);
+}
+
+bool linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight, const Tensor& grad_bias) {
+  const int64_t m = x.shape()[0], k = x.shape()[1], n = grad.shape()[1];
+  Problem p{};
+  p.device = grad_weight.device();
+  p.dtype = x.dtype();
+  p.rows = k;  // D = dW^T (K, N)
+  p.cols = n;
+  p.k = m;
+  p.transpose_a = false;  // x (M, K) row-major is (K, M) column-major
+  p.a = x.data_ptr();
+  p.lda = k;
+  p.transpose_b = true;  // g (M, N) row-major is (N, M) column-major: op_T gives (M, N)
+  p.b = grad.data_ptr();
+  p.ldb = n;
+  p.d = grad_weight.data_ptr();
+  p.bias = grad_bias.defined() ? grad_bias.data_ptr() : nullptr;
+  p.aux = nullptr;
+  p.epilogue = grad_bias.defined() ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
+  return run(p);
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,20 @@
+// Fused attention in a CUDA build without cuDNN or without cuDNN's frontend headers: never
+// supported, so scaled_dot_product_attention computes the attention matrix explicitly.
+#include "tandem/core/backend.h"
+
+namespace tandem::cuda {
+
+bool fused_attention_supported(const Tensor&, const Tensor&, const Tensor&) { return false; }
+
+void fused_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
+  TANDEM_THROW(DeviceError, "fused attention needs cuDNN and its frontend headers: tandem was built without them "
+               "(scripts/install-deps.sh fetches the headers; see README)");
+}
+
+void fused_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
+  TANDEM_THROW(DeviceError, "fused attention needs cuDNN and its frontend headers: tandem was built without them "
+               "(scripts/install-deps.sh fetches the headers; see README)");
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,115 @@
+// The device-neutral side of the linear layer: argument checks, then cuBLASLt with its bias and
+// GELU epilogues on CUDA, or matmul + add + gelu composed from plain kernels (the CPU, f64, and
+// problems cuBLASLt has no fused algorithm for).
+#include <cstdint>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/kernels.h"
+#include "tandem/core/views.h"
+
+namespace tandem::kernels {
+
+namespace {
+void check_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  TANDEM_CHECK_AS(ValueError, weight.dim() == 2, "linear: weight must be (out, in), got shape ",
+                  shape_str(weight.shape()));
+  TANDEM_CHECK_AS(ValueError, x.dim() >= 1 && x.shape().back() == weight.shape()[1], "linear: input ",
+                  shape_str(x.shape()), " must end in in_features ", weight.shape()[1], " of weight ",
+                  shape_str(weight.shape()));
+  TANDEM_CHECK_AS(TypeError, is_floating(x.dtype()),
+                  "linear: expected a floating-point input (f32, f64, f16, bf16), got ", x.dtype());
+  TANDEM_CHECK_AS(TypeError, weight.dtype() == x.dtype(), "linear: weight has dtype ", weight.dtype(),
+                  " but the input has ", x.dtype(), "; convert one with .to(dtype)");
+  TANDEM_CHECK_AS(DeviceError, weight.device() == x.device(), "linear: weight is on ", weight.device(),
+                  " but the input is on ", x.device());
+  if (!bias.defined()) return;
+  TANDEM_CHECK_AS(ValueError, bias.dim() == 1 && bias.shape()[0] == weight.shape()[0], "linear: bias must be (",
+                  weight.shape()[0], ",) for weight ", shape_str(weight.shape()), ", got shape ",
+                  shape_str(bias.shape()));
+  TANDEM_CHECK_AS(TypeError, bias.dtype() == x.dtype(), "linear: bias has dtype ", bias.dtype(), " but the input has ",
+                  x.dtype());
+  TANDEM_CHECK_AS(DeviceError, bias.device() == x.device(), "linear: bias is on ", bias.device(),
+                  " but the input is on ", x.device());
+}
+
+// x (..., K) as a contiguous (M, K) matrix.
+Tensor as_matrix(const Tensor& x) {
+  const Shape leading(x.shape().begin(), x.shape().end() - 1);
+  return contiguous(views::reshape(x, {shape_numel(leading), x.shape().back()}));
+}
+
+// t's shape with its last dim set to n: (..., N) for an input (..., K), and back.
+Shape output_shape(const Tensor& t, int64_t n) {
+  Shape s = t.shape();
+  s.back() = n;
+  return s;
+}
+
+// cuBLASLt's epilogues take f32, f16 and bf16 (f64 is composed), and the GELU pre-activation
+// buffer needs a leading dimension divisible by 8.
+bool fused_on_cuda(const Tensor& x, int64_t n, Activation act) {
+  return x.device().is_cuda() && x.dtype() != DType::f64 && (act == Activation::none || n % 8 == 0);
+}
+}  // namespace
+
+LinearForward linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
+  check_linear(x, weight, bias);
+  const int64_t n = weight.shape()[0], k = weight.shape()[1];
+  Tensor x2 = as_matrix(x);  // (M, K)
+  const int64_t m = x2.shape()[0];
+  const Shape out_shape = output_shape(x, n);
+  LinearForward result;
+  if (fused_on_cuda(x, n, act) && m > 0 && k > 0 && n > 0) {
+    Tensor out = empty({m, n}, x.options());                                       // (M, N)
+    Tensor pre = act == Activation::none ? Tensor() : empty({m, n}, x.options());  // (M, N)
+    Tensor b = bias.defined() ? contiguous(bias) : bias;
+    if (cuda::linear_forward(x2, contiguous(weight), b, out, pre, act)) {
+      result.out = views::reshape(out, out_shape);
+      if (pre.defined()) result.pre = views::reshape(pre, out_shape);
+      return result;
+    }
+  }
+  Tensor y = matmul(x2, views::transpose(weight, 0, 1));  // (M, N)
+  if (bias.defined()) y = binary(BinaryOp::add, y, bias);
+  if (act == Activation::gelu_tanh) {
+    result.pre = views::reshape(y, out_shape);
+    y = unary(UnaryOp::gelu_tanh, y);
+  }
+  result.out = views::reshape(y, out_shape);
+  return result;
+}
+
+LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& pre,
+                            Activation act, bool need_x, bool need_weight, bool need_bias) {
+  const int64_t n = weight.shape()[0];
+  TANDEM_CHECK_AS(ValueError, grad_out.dim() >= 1 && grad_out.shape().back() == n, "linear_backward: grad_out ",
+                  shape_str(grad_out.shape()), " must end in out_features ", n);
+  TANDEM_CHECK_AS(ValueError, !need_weight || (x.defined() && x.shape() == output_shape(grad_out, weight.shape()[1])),
+                  "linear_backward: the weight's gradient needs the input, shaped ",
+                  shape_str(output_shape(grad_out, weight.shape()[1])));
+  TANDEM_CHECK_AS(ValueError, act == Activation::none || (pre.defined() && pre.shape() == grad_out.shape()),
+                  "linear_backward: the activation's gradient needs the pre-activation shaped ",
+                  shape_str(grad_out.shape()));
+  Tensor g = as_matrix(grad_out);                                                                 // (M, N)
+  if (act == Activation::gelu_tanh) g = binary(BinaryOp::gelu_tanh_backward, g, as_matrix(pre));  // d pre
+  LinearGrads grads;
+  if (need_x)
+    grads.x = views::reshape(matmul(g, weight), output_shape(grad_out, weight.shape()[1]));  // (M, N) @ (N, K)
+  if (need_weight) {
+    Tensor x2 = as_matrix(x);  // (M, K)
+    if (fused_on_cuda(g, n, Activation::none) && g.numel() > 0 && x2.numel() > 0) {
+      Tensor gw = empty(weight.shape(), weight.options());              // (N, K)
+      Tensor gb = need_bias ? empty({n}, weight.options()) : Tensor();  // (N,)
+      if (cuda::linear_backward_weight(g, x2, gw, gb)) {
+        grads.weight = gw;
+        grads.bias = gb;
+        return grads;
+      }
+    }
+    grads.weight = matmul(views::transpose(g, 0, 1), x2);  // (N, M) @ (M, K)
+  }
+  if (need_bias) grads.bias = reduce(ReduceOp::sum, g, {0}, false);  // (N,)
+  return grads;
+}
+
+}  // namespace tandem::kernels

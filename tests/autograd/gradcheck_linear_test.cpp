@@ -1,0 +1,81 @@
+// The fused linear op: finite-difference gradient checks on fresh random f64 inputs (with and
+// without bias, with GELU, batched inputs), its forward against matmul + add + gelu, and nn::Linear
+// built on it.
+#include "gradcheck_util.h"
+#include "tandem/core/kernels.h"
+#include "tandem/layers/layers.h"
+
+namespace tandem {
+namespace {
+
+using testing::Inputs;
+using testing::random_leaf;
+
+TEST(GradcheckLinear, WithAndWithoutBias) {
+  auto x = random_leaf({5, 4}), w = random_leaf({3, 4}), b = random_leaf({3});
+  EXPECT_GRADCHECK([](const Inputs& v) { return linear(v[0], v[1], v[2]); }, (Inputs{x, w, b}));
+  EXPECT_GRADCHECK([](const Inputs& v) { return linear(v[0], v[1]); }, (Inputs{x, w}));
+}
+
+TEST(GradcheckLinear, GeluTanh) {
+  auto x = random_leaf({2, 3, 4}), w = random_leaf({8, 4}), b = random_leaf({8});
+  EXPECT_GRADCHECK([](const Inputs& v) { return linear(v[0], v[1], v[2], Activation::gelu_tanh); }, (Inputs{x, w, b}));
+  EXPECT_GRADCHECK([](const Inputs& v) { return linear(v[0], v[1], Tensor(), Activation::gelu_tanh); }, (Inputs{x, w}));
+}
+
+TEST(GradcheckLinear, TransposedInputAndOnlySomeGradients) {
+  auto xt = testing::random_transposed_leaf({6, 5}), w = random_leaf({3, 5}), b = random_leaf({3});
+  EXPECT_GRADCHECK([](const Inputs& v) { return linear(v[0], v[1], v[2], Activation::gelu_tanh); }, (Inputs{xt, w, b}));
+  // Only the weight and bias require grad (x is data): the op keeps x for the weight's gradient.
+  Tensor data = testing::random_tensor({6, 5});
+  EXPECT_GRADCHECK([data](const Inputs& v) { return linear(data, v[0], v[1]); }, (Inputs{w, b}));
+  // Only x requires grad.
+  Tensor wd = testing::random_tensor({3, 5});
+  EXPECT_GRADCHECK([wd](const Inputs& v) { return linear(v[0], wd, Tensor(), Activation::gelu_tanh); }, (Inputs{xt}));
+}
+
+TEST(Linear, ForwardMatchesMatmulAddGelu) {
+  Tensor x = testing::random_tensor({2, 7, 6}), w = testing::random_tensor({5, 6}), b = testing::random_tensor({5});
+  Tensor pre = add(matmul(x, t(w)), b);
+  EXPECT_TRUE(testing::all_close(linear(x, w, b), pre, 1e-12, 1e-12));
+  EXPECT_TRUE(
+      testing::all_close(linear(x, w, b, Activation::gelu_tanh), gelu(pre, GeluApproximate::tanh), 1e-12, 1e-12));
+  kernels::LinearForward f = kernels::linear_forward(x, w, b, Activation::gelu_tanh);
+  EXPECT_TRUE(testing::all_close(f.pre, pre, 1e-12, 1e-12));
+  EXPECT_FALSE(kernels::linear_forward(x, w, b, Activation::none).pre.defined());
+}
+
+TEST(Linear, ModuleUsesTheFusedOpAndKeepsItsParameterNames) {
+  nn::Linear plain(6, 4, true, DType::f64);
+  nn::Linear fc(6, 8, Activation::gelu_tanh, true, DType::f64);
+  EXPECT_EQ(fc.activation, Activation::gelu_tanh);
+  std::vector<std::string> names;
+  for (const auto& entry : fc.named_parameters()) names.push_back(entry.first);
+  EXPECT_EQ(names, (std::vector<std::string>{"weight", "bias"}));
+  Tensor x = testing::random_tensor({3, 6});
+  EXPECT_TRUE(testing::all_close(plain.forward(x), add(matmul(x, t(plain.weight)), plain.bias), 1e-12, 1e-12));
+  EXPECT_TRUE(testing::all_close(fc.forward(x), gelu(add(matmul(x, t(fc.weight)), fc.bias), GeluApproximate::tanh),
+                                 1e-12, 1e-12));
+}
+
+TEST(Linear, BadShapesSayWhatWasExpected) {
+  Tensor x = testing::random_tensor({3, 4});
+  EXPECT_TRUE(testing::throws_with<ValueError>(
+      [&] {
+        linear(x, testing::random_tensor({5, 3}));
+      },
+      {"in_features", "3", "[3, 4]"}));
+  EXPECT_TRUE(testing::throws_with<ValueError>(
+      [&] {
+        linear(x, testing::random_tensor({5, 4}), testing::random_tensor({4}));
+      },
+      {"bias", "(5,)", "[4]"}));
+  EXPECT_TRUE(testing::throws_with<TypeError>(
+      [&] {
+        linear(x, to(testing::random_tensor({5, 4}), DType::f32));
+      },
+      {"weight", "f32", "f64"}));
+}
+
+}  // namespace
+}  // namespace tandem

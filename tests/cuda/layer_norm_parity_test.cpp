@@ -1,0 +1,95 @@
+// The fused CUDA layer norm against the CPU's, forward and all three gradients, on fresh random
+// inputs: GPT-2's width (the vectorised, register-resident path), an odd width (the scalar
+// path), a width past the shared-memory budget of the backward (the column-sum path), and the
+// optional weight and bias left out.
+#include "support/test_util.h"
+#include "tandem/core/cuda_api.h"
+#include "tandem/core/kernels.h"
+
+namespace tandem {
+namespace {
+
+struct LayerNormCase {
+  DType dtype;
+  int64_t rows, d;
+  bool with_weight, with_bias;
+};
+
+Tensor rounded(const Shape& shape, double low, double high, DType dtype) {
+  return to(to(testing::random_uniform(shape, low, high, DType::f32), dtype), DType::f64);
+}
+
+Tensor on_gpu(const Tensor& t, DType dtype) { return to(to(t, dtype), Device("cuda")).requires_grad_(); }
+Tensor on_cpu(const Tensor& t) { return to(to(t, Device("cpu")), DType::f64); }
+
+void check_case(const LayerNormCase& c) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(c.dtype) << " rows=" << c.rows << " D=" << c.d
+                                    << (c.with_weight ? " weight" : "") << (c.with_bias ? " bias" : ""));
+  // Inputs rounded to the test dtype first, so both sides see the same numbers; a non-zero mean
+  // per row, as activations have.
+  Tensor x = add(rounded({c.rows, c.d}, -2.0, 2.0, c.dtype), rounded({c.rows, 1}, -1.0, 1.0, c.dtype));
+  x = to(to(x, c.dtype), DType::f64);
+  Tensor w = c.with_weight ? rounded({c.d}, 0.5, 1.5, c.dtype) : Tensor();
+  Tensor b = c.with_bias ? rounded({c.d}, -1.0, 1.0, c.dtype) : Tensor();
+  Tensor direction = rounded({c.rows, c.d}, -1.0, 1.0, c.dtype);
+
+  Tensor xr = x.detach().requires_grad_();
+  Tensor wr = w.defined() ? w.detach().requires_grad_() : Tensor();
+  Tensor br = b.defined() ? b.detach().requires_grad_() : Tensor();
+  Tensor ref = layer_norm(xr, {c.d}, wr, br, 1e-5);
+  sum(mul(ref, direction)).backward();
+
+  Tensor xg = on_gpu(x, c.dtype);
+  Tensor wg = w.defined() ? on_gpu(w, c.dtype) : Tensor();
+  Tensor bg = b.defined() ? on_gpu(b, c.dtype) : Tensor();
+  Tensor got = layer_norm(xg, {c.d}, wg, bg, 1e-5);
+  ASSERT_TRUE(got.device().is_cuda());
+  ASSERT_EQ(got.dtype(), c.dtype);
+  sum(mul(to(got, DType::f32), to(to(direction, DType::f32), Device("cuda")))).backward();
+
+  const double tol = c.dtype == DType::bf16 ? 1.6e-2 : 2e-5;
+  EXPECT_TRUE(testing::all_close(on_cpu(got), ref, tol, tol)) << "output";
+  EXPECT_TRUE(testing::all_close(on_cpu(xg.grad()), xr.grad(), 2 * tol, 2 * tol)) << "gradient of x";
+  // The parameter gradients sum over every row: allow for the rounding of a long sum.
+  const double sum_tol = c.dtype == DType::bf16 ? 2e-2 : 1e-4;
+  if (w.defined())
+    EXPECT_TRUE(testing::all_close(on_cpu(wg.grad()), wr.grad(), sum_tol, sum_tol)) << "gradient of weight";
+  if (b.defined())
+    EXPECT_TRUE(testing::all_close(on_cpu(bg.grad()), br.grad(), sum_tol, sum_tol)) << "gradient of bias";
+}
+
+TEST(LayerNormParity, MatchesCpu) {
+  TANDEM_REQUIRE_CUDA();
+  cuda::set_poison_allocations(true);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    check_case({dtype, 64, 768, true, true});  // GPT-2's width: 16-byte loads, row in registers
+    check_case({dtype, 37, 100, true, true});  // not a multiple of 8: scalar loads in bf16
+    check_case({dtype, 20, 101, true, true});  // odd: scalar loads in every dtype
+    check_case({dtype, 5, 3000, true, true});  // wider than the registers hold: the streamed path
+    check_case({dtype, 9, 8192, true, true});  // wider than the backward's shared slices: column sums
+    check_case({dtype, 33, 768, false, false});
+    check_case({dtype, 33, 100, true, false});
+    check_case({dtype, 33, 768, false, true});
+  }
+  check_case({DType::f16, 64, 768, true, true});
+  cuda::synchronize();
+  cuda::set_poison_allocations(false);
+}
+
+TEST(LayerNormParity, ParameterGradientsAreTheSameEveryRun) {
+  TANDEM_REQUIRE_CUDA();
+  Tensor x = to(testing::random_tensor({4096, 768}, DType::f32), DType::bf16);
+  Tensor g = to(testing::random_tensor({4096, 768}, DType::f32), DType::bf16);
+  Tensor w = to(testing::random_uniform({768}, 0.5, 1.5, DType::f32), DType::bf16);
+  x = to(x, Device("cuda"));
+  g = to(g, Device("cuda"));
+  w = to(w, Device("cuda"));
+  kernels::LayerNormForward f = kernels::layer_norm_forward(x, w, Tensor(), 1e-5);
+  kernels::LayerNormGrads first = kernels::layer_norm_backward(g, x, w, f.mean, f.rstd, true);
+  kernels::LayerNormGrads second = kernels::layer_norm_backward(g, x, w, f.mean, f.rstd, true);
+  EXPECT_TRUE(testing::all_close(on_cpu(first.weight), on_cpu(second.weight), 0, 0));
+  EXPECT_TRUE(testing::all_close(on_cpu(first.bias), on_cpu(second.bias), 0, 0));
+}
+
+}  // namespace
+}  // namespace tandem
