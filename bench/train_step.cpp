@@ -6,6 +6,8 @@
 // side. Prints each step's loss, a one-line summary on stderr and the JSON as stdout's last line.
 //
 //   train_step --workload mlp --precision bf16
+//   train_step --workload gpt2 --precision bf16        (8 sequences of 1024 tokens)
+//   train_step --workload resnet18 --precision tf32    (256 images of 3x32x32)
 //   mpirun -np 2 train_step --workload mlp --precision bf16 --bucket-mb 25
 //   train_step --device cpu --batch 8 --steps 3 --warmup 1
 #include <CLI/CLI.hpp>
@@ -24,7 +26,10 @@
 
 #include "tandem/core/cuda_api.h"
 #include "tandem/dist/ddp.h"
+#include "tandem/dist/timeline.h"
 #include "tandem/tandem.h"
+#include "step_trace.h"
+#include "workloads.h"
 
 using namespace tandem;
 
@@ -34,14 +39,17 @@ struct Config {
   std::string workload = "mlp";
   std::string precision = "f32";
   std::string device = cuda::is_available() ? "cuda" : "cpu";
-  int64_t batch = 1024;  // per GPU
+  int64_t batch = 0;     // per GPU; 0: the workload's default (mlp 1024, gpt2 8 sequences, resnet18 256)
+  int64_t seq_len = 0;   // gpt2: tokens per sequence; 0: the context (1024)
   int64_t warmup = 10;
   int64_t steps = 50;
   std::string json;  // also written here when set
   // Data parallel (under mpirun): DistributedDataParallel's options.
   double bucket_mb = 25.0;
+  double first_bucket_mb = 1.0;     // the last layers' gradients, so communication starts early
   std::string comm_dtype = "same";  // same (the gradients' dtype), f32 or bf16
   bool no_overlap = false;
+  std::string trace;  // when set: a Chrome trace of one more step after warm-up (bench/step_trace.h)
 };
 
 // What a precision name means in tandem: the dtype of parameters, activations and data; the f32
@@ -60,39 +68,6 @@ Precision parse_precision(const std::string& name) {
   TANDEM_THROW(ValueError, "unknown precision '", name, "': expected f32, tf32, bf16 or fp16");
 }
 
-// A workload: the model, and the forward pass plus loss on a batch drawn once, before timing.
-// The loss runs the model through `forward` (the model itself, or DDP around it).
-using Forward = std::function<Tensor(const Tensor&)>;
-struct Workload {
-  std::shared_ptr<nn::Module> model;
-  std::function<Tensor(const Forward&)> loss;  // () f32 scalar, with the graph back to the parameters
-};
-using WorkloadFactory = Workload (*)(const Config& cfg, DType dtype, Device device);
-
-// MLP 1024 -> 4096 -> 4096 -> 4096 -> 4096 -> 1024 (58.7M parameters), GELU (tanh) between the
-// linear layers, mean squared error against a random target.
-Workload make_mlp(const Config& cfg, DType dtype, Device device) {
-  const std::vector<int64_t> widths = {1024, 4096, 4096, 4096, 4096, 1024};
-  auto model = std::make_shared<nn::Sequential>();
-  for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    if (i > 0) model->push_back(std::make_shared<nn::GELU>(GeluApproximate::tanh));
-    model->push_back(std::make_shared<nn::Linear>(widths[i], widths[i + 1], true, TensorOptions(DType::f32, device)));
-  }
-  model->to(dtype);  // 16-bit parameters; the optimizer keeps f32 master weights itself
-  manual_seed(1 + static_cast<uint64_t>(dist::world().rank));  // each rank its own batch
-  Tensor x = randn({cfg.batch, widths.front()}, TensorOptions(dtype, device));      // (B, 1024) inputs
-  Tensor target = randn({cfg.batch, widths.back()}, TensorOptions(dtype, device));  // (B, 1024) targets
-  // The loss is taken in f32, as torch.autocast does for mse_loss: the f16 gradient of a loss
-  // kept in f16 would be the scale itself (65536, above f16's largest value), and unscaled the
-  // gradient 2 (y - t) / (B * 1024) of the mean is subnormal in f16.
-  return {model, [x, target](const Forward& forward) {
-            return mse_loss(to(forward(x), DType::f32), to(target, DType::f32));
-          }};
-}
-
-// Further workloads (gpt2, resnet18) go here: one factory each.
-const std::map<std::string, WorkloadFactory> kWorkloads = {{"mlp", make_mlp}};
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   size_t n = v.size();
@@ -107,44 +82,75 @@ int run_benchmark(const Config& cfg) {
   const Precision precision = parse_precision(cfg.precision);
   cuda::set_matmul_precision(precision.matmul);  // set for every precision: f32 must not inherit TF32
 
+  bench::WorkloadOptions spec;
+  spec.name = cfg.workload;
+  spec.batch = cfg.batch;
+  spec.seq_len = cfg.seq_len;
+  const int64_t batch = spec.batch_or_default();
   manual_seed(0);
-  Workload workload = kWorkloads.at(cfg.workload)(cfg, precision.dtype, device);
+  std::shared_ptr<nn::Module> model = bench::make_model(spec, device);
+  model->to(precision.dtype);  // 16-bit parameters; the optimizer keeps f32 master weights itself
+  manual_seed(1 + static_cast<uint64_t>(world.rank));  // each rank its own batch, drawn once
+  const bench::Batch data = bench::make_batch(spec, precision.dtype, device);
   optim::AdamWOptions adamw;
   adamw.lr = 1e-4;  // torch.optim.AdamW's defaults otherwise
-  optim::AdamW optimizer(workload.model->parameters(), adamw);
+  optim::AdamW optimizer(model->parameters(), adamw);
 
+  dist::Timeline timeline(device);  // records only the one step traced for --trace
   std::unique_ptr<dist::DistributedDataParallel> ddp;
   if (world.size > 1) {
     dist::DdpOptions options;
     options.bucket_cap_mb = cfg.bucket_mb;
+    options.first_bucket_mb = cfg.first_bucket_mb;
     options.overlap = !cfg.no_overlap;
     if (cfg.comm_dtype == "f32") options.comm_dtype = DType::f32;
     if (cfg.comm_dtype == "bf16") options.comm_dtype = DType::bf16;
-    ddp = std::make_unique<dist::DistributedDataParallel>(workload.model, options);
+    ddp = std::make_unique<dist::DistributedDataParallel>(model, options);
+    ddp->set_timeline(&timeline);
   }
-  const Forward forward = [&](const Tensor& x) { return ddp ? ddp->forward(x) : (*workload.model)(x); };
+  const bench::Forward forward = [&](const Tensor& x) { return ddp ? ddp->forward(x) : (*model)(x); };
 
   std::optional<amp::GradScaler> scaler;
   if (precision.grad_scaler) scaler.emplace(device);
 
   // One step; returns the loss, detached and still on the device, so no step waits for the host.
   auto step = [&]() -> Tensor {
+    // timeline.begin()/end(): the spans of --trace's step; they return at once otherwise.
+    timeline.begin("zero_grad");
     optimizer.zero_grad(/*set_to_none=*/true);
-    Tensor loss = workload.loss(forward);
+    timeline.end();
+    timeline.begin("forward + loss");
+    Tensor loss = bench::workload_loss(cfg.workload, forward, data);
+    timeline.end();
     if (scaler) {
+      timeline.begin("backward");
       Tensor scaled = scaler->scale(loss);
       scaled.backward();
+      timeline.end();
+      timeline.begin("optimizer");
       scaler->step(optimizer);
       scaler->update();
+      timeline.end();
       return loss.detach();
     }
+    timeline.begin("backward");
     loss.backward();
+    timeline.end();
+    timeline.begin("optimizer");
     optimizer.step();
+    timeline.end();
     return loss.detach();
   };
 
   std::vector<Tensor> losses;  // () each, one per step, warm-up included
   for (int64_t i = 0; i < cfg.warmup; ++i) losses.push_back(step());
+  if (!cfg.trace.empty()) {  // one more step, untimed and left out of the losses, as a timeline
+    bench::trace_step(timeline, [&] { step(); }, cfg.trace,
+                      {{"workload", cfg.workload}, {"precision", cfg.precision}, {"batch", batch},
+                       {"world_size", world.size}, {"bucket_mb", cfg.bucket_mb},
+                       {"first_bucket_mb", cfg.first_bucket_mb}, {"comm_dtype", cfg.comm_dtype},
+                       {"overlap", !cfg.no_overlap}});
+  }
   if (on_gpu) {
     cuda::synchronize(device.index);
     cuda::reset_peak_memory_stats(device.index);
@@ -191,16 +197,20 @@ int run_benchmark(const Config& cfg) {
 
   const double med = median(step_ms);
   const double min = *std::min_element(step_ms.begin(), step_ms.end());
+  const double samples_per_s = static_cast<double>(batch) / (med / 1e3);  // gpt2: sequences per second
+  const int64_t tokens = spec.tokens_per_sample();
   nlohmann::ordered_json result = {
       {"framework", "tandem"},
       {"workload", cfg.workload},
       {"precision", cfg.precision},
       {"device", device.str()},
-      {"batch", cfg.batch},
-      {"params", workload.model->num_parameters()},
+      {"batch", batch},
+      {"seq_len", spec.name == "gpt2" ? nlohmann::ordered_json(spec.seq_len_or_default()) : nullptr},
+      {"params", model->num_parameters()},
       {"step_ms_median", med},
       {"step_ms_min", min},
-      {"samples_per_s", static_cast<double>(cfg.batch) / (med / 1e3)},
+      {"samples_per_s", samples_per_s},
+      {"tokens_per_s", spec.name == "gpt2" ? nlohmann::ordered_json(samples_per_s * tokens) : nullptr},
       {"peak_memory_bytes", on_gpu ? nlohmann::ordered_json(cuda::max_memory_allocated(device.index)) : nullptr},
       {"loss_first", loss_values.front()},  // before any update
       {"loss_last", loss_values.back()},
@@ -209,9 +219,9 @@ int run_benchmark(const Config& cfg) {
 
   std::fprintf(stderr,
                "train_step: tandem %s %s on %s, batch %lld, %.1fM params: %.3f ms/step median (min %.3f), "
-               "%.0f samples/s",
-               cfg.workload.c_str(), cfg.precision.c_str(), device.str().c_str(), static_cast<long long>(cfg.batch),
-               workload.model->num_parameters() / 1e6, med, min, static_cast<double>(cfg.batch) / (med / 1e3));
+               "%.0f %s/s",
+               cfg.workload.c_str(), cfg.precision.c_str(), device.str().c_str(), static_cast<long long>(batch),
+               model->num_parameters() / 1e6, med, min, samples_per_s * tokens, tokens > 1 ? "tokens" : "samples");
   if (on_gpu) std::fprintf(stderr, ", peak %.2f GiB", cuda::max_memory_allocated(device.index) / double(1 << 30));
   std::fprintf(stderr, ", loss %.6f -> %.6f\n", loss_values.front(), loss_values.back());
   std::fflush(stderr);
@@ -232,24 +242,34 @@ int main(int argc, char** argv) {
   CLI::App app{"Time one training step (zero_grad, forward, loss, backward, AdamW) of a benchmark workload"};
   app.option_defaults()->always_capture_default();  // --help shows each default
   Config cfg;
-  std::vector<std::string> workloads;
-  for (const auto& entry : kWorkloads) workloads.push_back(entry.first);
-  app.add_option("--workload", cfg.workload, "the model and data")->check(CLI::IsMember(workloads));
+  app.add_option("--workload", cfg.workload, "the model and data: mlp, gpt2 (124M) or resnet18 (3x32x32 images)")
+      ->check(CLI::IsMember(bench::workload_names()));
   app.add_option("--precision", cfg.precision,
                  "f32 (no TF32), tf32 (f32 parameters, TF32 matmuls), bf16 or fp16 (16-bit model, fp16 with a "
                  "gradient scaler)")
       ->check(CLI::IsMember({"f32", "tf32", "bf16", "fp16"}));
   app.add_option("--device", cfg.device, "cuda (GPU 0) or cpu; default cuda when a GPU is visible")
       ->check(CLI::IsMember({"cuda", "cpu"}));
-  app.add_option("--batch", cfg.batch, "samples per step (per GPU)")->check(CLI::PositiveNumber);
+  app.add_option("--batch", cfg.batch,
+                 "samples (gpt2: sequences) per step, per GPU; 0: the workload's default (mlp 1024, gpt2 8, "
+                 "resnet18 256)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seq-len", cfg.seq_len, "gpt2: tokens per sequence; 0: the context, 1024")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--warmup", cfg.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--steps", cfg.steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--json", cfg.json, "also write the result JSON to this file");
   app.add_option("--bucket-mb", cfg.bucket_mb, "DDP: gradient bucket size in MB (under mpirun)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--first-bucket-mb", cfg.first_bucket_mb,
+                 "DDP: size of the first bucket in MB (equal to --bucket-mb and above the model's size: one bucket)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--comm-dtype", cfg.comm_dtype, "DDP: dtype gradients travel in: same, f32 or bf16")
       ->check(CLI::IsMember({"same", "f32", "bf16"}));
   app.add_flag("--no-overlap", cfg.no_overlap, "DDP: launch every bucket after backward instead of during it");
+  app.add_option("--trace", cfg.trace,
+                 "after warm-up, record one more step and write it here as a Chrome trace (every rank in one "
+                 "file; open in ui.perfetto.dev)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run_benchmark(cfg);

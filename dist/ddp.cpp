@@ -10,6 +10,7 @@
 #include "tandem/core/kernels.h"
 #include "tandem/core/random.h"
 #include "tandem/core/views.h"
+#include "tandem/dist/timeline.h"
 
 namespace tandem::dist {
 
@@ -37,6 +38,7 @@ double host_ms_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 struct DistributedDataParallel::Bucket {
+  int64_t index = 0;             // position in launch order
   std::vector<int64_t> params;   // indices into params_, in the order they were placed
   std::vector<int64_t> offsets;  // element offset of each in buffer
   Tensor buffer;                 // (numel,) the gradients of its parameters, in their dtype
@@ -134,6 +136,7 @@ void DistributedDataParallel::build_buckets() {
     if (!b || b->params.empty()) return;
     int64_t numel = b->offsets.back() + params_[b->params.back()].numel();
     b->buffer = zeros({numel}, params_[b->params[0]].options());
+    b->index = static_cast<int64_t>(buckets_.size());
     buckets_.push_back(std::move(b));
   };
   std::unique_ptr<Bucket> current;
@@ -247,12 +250,17 @@ void DistributedDataParallel::launch_ready_buckets() {
 void DistributedDataParallel::launch(Bucket& b) {
   b.launched = true;
   b.launched_after = gradients_seen_;
-  if (options_.comm_dtype && *options_.comm_dtype != b.buffer.dtype()) {
-    b.comm = kernels::to_dtype(b.buffer, *options_.comm_dtype);
-    b.work = group_->all_reduce(b.comm, ReduceOp::avg);
-  } else {
-    b.comm = b.buffer;
-    b.work = group_->all_reduce(b.buffer, ReduceOp::avg);
+  bool cast = options_.comm_dtype && *options_.comm_dtype != b.buffer.dtype();
+  b.comm = cast ? kernels::to_dtype(b.buffer, *options_.comm_dtype) : b.buffer;
+  if (timeline_) timeline_->launching();  // after the cast: where the collective's input is ready
+  b.work = group_->all_reduce(b.comm, ReduceOp::avg);
+  if (timeline_ && timeline_->recording()) {
+    timeline_->collective("all_reduce bucket " + std::to_string(b.index), b.work,
+                          {{"bucket", static_cast<double>(b.index)},
+                           {"bytes", static_cast<double>(b.comm.nbytes())},
+                           {"gradients", static_cast<double>(b.params.size())},
+                           {"launched_after_gradients", static_cast<double>(b.launched_after)}},
+                          {{"dtype", dtype_name(b.comm.dtype())}});
   }
 }
 
@@ -277,6 +285,9 @@ void DistributedDataParallel::finish_backward() {
     timing_->backward_end = std::make_unique<cuda::Event>();
     timing_->backward_end->record(device_.index);
   }
+  // The span covers what exposed_ms measures: launching what is left, the compute stream's wait
+  // for every bucket, and copying results that travelled in another dtype back.
+  if (timeline_) timeline_->begin("wait for gradients");
   auto start = std::chrono::steady_clock::now();
   launch_ready_buckets();
   for (auto& b : buckets_) {
@@ -288,6 +299,7 @@ void DistributedDataParallel::finish_backward() {
     timing_->sync_end = std::make_unique<cuda::Event>();
     timing_->sync_end->record(device_.index);
   }
+  if (timeline_) timeline_->end();
   stats_.buckets = static_cast<int64_t>(buckets_.size());
   stats_.bytes = 0;
   stats_.launched_after_gradients.clear();

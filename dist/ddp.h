@@ -18,6 +18,8 @@
 
 namespace tandem::dist {
 
+class Timeline;
+
 struct DdpOptions {
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;
@@ -73,6 +75,9 @@ class DistributedDataParallel {
   NoSync no_sync() { return NoSync(*this); }
 
   const DdpStats& stats();
+  // While `timeline` records (dist/timeline.h), each bucket's all-reduce and the compute stream's
+  // wait for them at the end of backward go into it. nullptr (the default) turns this off.
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
   // The bucket plan: parameter indices (registration order) per bucket, in launch order.
   std::vector<std::vector<int64_t>> bucket_plan() const;
 
@@ -104,6 +109,7 @@ class DistributedDataParallel {
   bool stats_pending_ = false;
   struct Timing;
   std::unique_ptr<Timing> timing_;
+  Timeline* timeline_ = nullptr;
   // The hooks on the parameters reach this object through here; the destructor clears it, so a
   // module that outlives its DDP wrapper never calls into freed memory.
   std::shared_ptr<DistributedDataParallel*> self_;

@@ -1,0 +1,109 @@
+#include "tandem/models/gpt2.h"
+
+#include <cmath>
+
+#include "tandem/autograd/grad_mode.h"
+#include "tandem/core/random.h"
+
+namespace tandem::models {
+
+namespace {
+// Overwrites a parameter's values in place (the handle, and so every holder of it, is kept).
+void init_normal(const Tensor& p, double std) {
+  NoGradGuard no_grad;
+  kernels::copy_(p, normal(p.shape(), 0.0, std, p.options()));
+}
+void init_zeros(const Tensor& p) {
+  NoGradGuard no_grad;
+  kernels::copy_(p, zeros(p.shape(), p.options()));
+}
+// nanoGPT's initialisation of a linear layer: N(0, std) weight, zero bias.
+std::shared_ptr<nn::Linear> make_linear(int64_t in, int64_t out, double std, TensorOptions options,
+                                        Activation activation = Activation::none) {
+  auto linear = std::make_shared<nn::Linear>(in, out, activation, true, options);
+  init_normal(linear->weight, std);
+  init_zeros(linear->bias);
+  return linear;
+}
+constexpr double kInitStd = 0.02;
+double residual_std(const GPT2Config& config) { return kInitStd / std::sqrt(2.0 * config.n_layer); }
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(const GPT2Config& config, TensorOptions options) : n_head(config.n_head) {
+  TANDEM_CHECK_AS(ValueError, config.n_head > 0 && config.n_embd % config.n_head == 0,
+                  "GPT2: n_embd ", config.n_embd, " must be a multiple of n_head ", config.n_head);
+  c_attn = register_module("c_attn", make_linear(config.n_embd, 3 * config.n_embd, kInitStd, options));
+  c_proj = register_module("c_proj", make_linear(config.n_embd, config.n_embd, residual_std(config), options));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  TANDEM_CHECK_AS(ValueError, x.dim() == 3, "CausalSelfAttention: input ", shape_str(x.shape()),
+                  " should be (B, T, C)");
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head, D = C / H;
+  Tensor qkv = (*c_attn)(x);                                                 // (B, T, 3 C)
+  Tensor heads = permute(view(qkv, {B, T, 3, H, D}), {2, 0, 3, 1, 4});       // (3, B, H, T, D) view
+  Tensor q = squeeze(narrow(heads, 0, 0, 1), 0);                             // (B, H, T, D) view
+  Tensor k = squeeze(narrow(heads, 0, 1, 1), 0);                             // (B, H, T, D) view
+  Tensor v = squeeze(narrow(heads, 0, 2, 1), 0);                             // (B, H, T, D) view
+  Tensor y = scaled_dot_product_attention(q, k, v, /*is_causal=*/true);      // (B, H, T, D)
+  return (*c_proj)(reshape(transpose(y, 1, 2), {B, T, C}));                  // (B, T, C)
+}
+
+GPT2MLP::GPT2MLP(const GPT2Config& config, TensorOptions options) {
+  // GELU (tanh) runs in c_fc's matmul epilogue on CUDA.
+  c_fc = register_module("c_fc", make_linear(config.n_embd, 4 * config.n_embd, kInitStd, options, Activation::gelu_tanh));
+  c_proj = register_module("c_proj", make_linear(4 * config.n_embd, config.n_embd, residual_std(config), options));
+}
+
+Tensor GPT2MLP::forward(const Tensor& x) {
+  return (*c_proj)((*c_fc)(x));  // gelu_tanh(x W_fc^T + b_fc): (B, T, 4 C)
+}
+
+GPT2Block::GPT2Block(const GPT2Config& config, TensorOptions options) {
+  ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(Shape{config.n_embd}, 1e-5, options));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(config, options));
+  ln_2 = register_module("ln_2", std::make_shared<nn::LayerNorm>(Shape{config.n_embd}, 1e-5, options));
+  mlp = register_module("mlp", std::make_shared<GPT2MLP>(config, options));
+}
+
+Tensor GPT2Block::forward(const Tensor& x) {
+  Tensor y = add(x, (*attn)((*ln_1)(x)));  // (B, T, C)
+  return add(y, (*mlp)((*ln_2)(y)));       // (B, T, C)
+}
+
+GPT2::GPT2(const GPT2Config& cfg, TensorOptions options) : config(cfg) {
+  TANDEM_CHECK_AS(ValueError, config.n_layer > 0 && config.vocab_size > 0 && config.block_size > 0,
+                  "GPT2: n_layer, vocab_size and block_size must be positive, got ", config.n_layer, ", ",
+                  config.vocab_size, ", ", config.block_size);
+  wte = register_module("wte", std::make_shared<nn::Embedding>(config.vocab_size, config.n_embd, options));
+  wpe = register_module("wpe", std::make_shared<nn::Embedding>(config.block_size, config.n_embd, options));
+  init_normal(wte->weight, kInitStd);
+  init_normal(wpe->weight, kInitStd);
+  h = register_module("h", std::make_shared<nn::Sequential>());
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(std::make_shared<GPT2Block>(config, options));
+  ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(Shape{config.n_embd}, 1e-5, options));
+}
+
+Tensor GPT2::forward(const Tensor& idx) {
+  TANDEM_CHECK_AS(ValueError, idx.dim() == 2 && !is_floating(idx.dtype()), "GPT2: input ", shape_str(idx.shape()),
+                  " ", dtype_name(idx.dtype()), " should be (B, T) integer token ids");
+  const int64_t B = idx.size(0), T = idx.size(1), C = config.n_embd;
+  TANDEM_CHECK_AS(ValueError, T <= config.block_size, "GPT2: sequence of ", T, " tokens, longer than block_size ",
+                  config.block_size);
+  Tensor pos = arange(T, TensorOptions(DType::i64, idx.device()));  // (T,)
+  Tensor x = add((*wte)(idx), (*wpe)(pos));                          // (B, T, C)
+  x = (*ln_f)(h->forward(x));                                        // (B, T, C)
+  // The output head is the token embedding: logits = x wte^T, on the transposed view.
+  Tensor logits = matmul(reshape(x, {B * T, C}), t(wte->weight));  // (B T, V)
+  return view(logits, {B, T, config.vocab_size});                  // (B, T, V)
+}
+
+Tensor GPT2::loss(const Tensor& logits, const Tensor& targets) {
+  TANDEM_CHECK_AS(ValueError, logits.dim() == 3 && targets.shape() == Shape({logits.size(0), logits.size(1)}),
+                  "GPT2::loss: logits ", shape_str(logits.shape()), " and targets ", shape_str(targets.shape()),
+                  " should be (B, T, V) and (B, T)");
+  const int64_t rows = logits.size(0) * logits.size(1);
+  return cross_entropy(view(logits, {rows, logits.size(2)}), reshape(targets, {rows}));  // () f32
+}
+
+}  // namespace tandem::models
