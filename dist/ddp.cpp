@@ -78,6 +78,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     broadcast_from_rank0(module_->parameters());
     broadcast_from_rank0(module_->buffers());
   }
+  coalesce_buffers();
   build_buckets();
   self_ = std::make_shared<DistributedDataParallel*>(this);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -128,6 +129,48 @@ void DistributedDataParallel::broadcast_from_rank0(const std::vector<Tensor>& te
     works.push_back(world().group_for(t.device()).broadcast(t, 0));
   }
   for (auto& w : works) w->wait();
+}
+
+void DistributedDataParallel::coalesce_buffers() {
+  NoGradGuard no_grad;
+  buffers_ = module_->buffers();
+  flat_buffers_.clear();
+  buffer_data_.assign(buffers_.size(), nullptr);
+  std::vector<DType> dtypes;
+  for (const Tensor& b : buffers_) {
+    if (std::find(dtypes.begin(), dtypes.end(), b.dtype()) == dtypes.end()) dtypes.push_back(b.dtype());
+  }
+  for (DType dtype : dtypes) {
+    int64_t total = 0;
+    for (const Tensor& b : buffers_) {
+      if (b.dtype() == dtype) total += b.numel();
+    }
+    Tensor flat = empty({total}, TensorOptions(dtype, buffers_[0].device()));  // (total,)
+    int64_t offset = 0;
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      const Tensor& b = buffers_[i];
+      if (b.dtype() != dtype) continue;
+      TANDEM_CHECK_AS(DeviceError, b.device() == flat.device(), "DistributedDataParallel: buffers on ", flat.device(),
+                      " and ", b.device(), "; move the whole module to one device first");
+      Tensor slot = views::view(views::narrow(flat, 0, offset, b.numel()), b.shape());
+      kernels::copy_(slot, b);
+      b.set_data(slot);
+      buffer_data_[i] = slot.data_ptr();
+      offset += b.numel();
+    }
+    flat_buffers_.push_back(flat);
+  }
+}
+
+// True while every buffer still lives in its flat tensor (a module moved or re-created its
+// buffers since DDP started: then they are coalesced again).
+bool DistributedDataParallel::buffers_coalesced() const {
+  std::vector<Tensor> now = module_->buffers();
+  if (now.size() != buffers_.size()) return false;
+  for (size_t i = 0; i < now.size(); ++i) {
+    if (!now[i].is_same(buffers_[i]) || now[i].data_ptr() != buffer_data_[i]) return false;
+  }
+  return true;
 }
 
 void DistributedDataParallel::build_buckets() {
@@ -201,7 +244,8 @@ void DistributedDataParallel::attach_gradient_views(bool zero) {
 Tensor DistributedDataParallel::forward(const Tensor& x) {
   if (options_.broadcast_buffers && group_->size() > 1) {
     NoGradGuard no_grad;
-    broadcast_from_rank0(module_->buffers());
+    if (!buffers_coalesced()) coalesce_buffers();
+    broadcast_from_rank0(flat_buffers_);
   }
   attach_gradient_views(false);
   return module_->forward(x);

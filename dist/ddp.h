@@ -85,6 +85,8 @@ class DistributedDataParallel {
   struct Bucket;
   void check_same_model_everywhere();
   void broadcast_from_rank0(const std::vector<Tensor>& tensors);
+  void coalesce_buffers();
+  bool buffers_coalesced() const;
   void build_buckets();
   void attach_gradient_views(bool zero);
   void on_gradient(int64_t param_index);
@@ -99,6 +101,11 @@ class DistributedDataParallel {
   std::vector<std::string> names_;
   std::vector<Tensor> params_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
+  // The module's buffers (batch-norm statistics), re-pointed at views of one flat tensor per
+  // dtype, so the broadcast before each forward is one collective per dtype, not one per buffer.
+  std::vector<Tensor> buffers_;       // the module's buffer handles, in order
+  std::vector<Tensor> flat_buffers_;  // (total elements of that dtype,) each
+  std::vector<void*> buffer_data_;    // where each buffer's data was put, to notice a module moved since
   std::vector<int64_t> bucket_of_;   // param index -> bucket
   std::vector<bool> ready_;          // param index -> gradient produced this backward
   int64_t gradients_seen_ = 0;

@@ -167,8 +167,10 @@ Tensor sigmoid(const Tensor& x) {
 
 Tensor relu(const Tensor& x) {
   Tensor out = kernels::unary(UnaryOp::relu, x);
-  return record(out, "relu", {x}, [sx = saved(x)](const Tensor& g) -> std::vector<Tensor> {
-    return {kernels::binary(BinaryOp::relu_backward, g, sx)};
+  // The backward keeps the output, not the input (out > 0 exactly where x > 0): the next layer
+  // keeps the output anyway, so x can be freed (a ReLU after batch norm frees the norm's output).
+  return record(out, "relu", {x}, [sy = saved(out)](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::binary(BinaryOp::relu_backward, g, sy)};
   });
 }
 

@@ -111,6 +111,43 @@ TEST(Ddp, ConstructionBroadcastsRankZerosParameters) {
   }
 }
 
+// Batch-norm statistics drift apart in training (each rank sees its own batch); every forward
+// starts from rank 0's, broadcast as one flat tensor per dtype that the module's buffers now view.
+TEST(Ddp, EveryForwardStartsFromRankZerosBuffers) {
+  REQUIRE_TWO_RANKS();
+  const dist::World& w = dist::world();
+  manual_seed(77);
+  auto model = make_cnn(TensorOptions(DType::f32, test_device()));
+  DistributedDataParallel ddp(model);
+  auto gather_buffers = [&] {
+    std::vector<Tensor> gathered;
+    for (const Tensor& b : model->buffers()) {
+      Tensor all = empty({w.size * b.numel()}, b.options());
+      w.group_for(b.device()).all_gather(all, contiguous(reshape(b, {-1})))->synchronize();
+      gathered.push_back(to(all, Device("cpu")));
+    }
+    return gathered;
+  };
+  Generator gen(500 + w.rank);  // a different batch on each rank
+  ddp(to(randn({4, 1, 8, 8}, DType::f32, &gen), test_device()));
+  std::vector<Tensor> after_training = gather_buffers();
+  const Tensor& mean = after_training[0];  // running_mean (4,) of both ranks
+  EXPECT_FALSE(testing::all_close(narrow(mean, 0, 0, 4), narrow(mean, 0, 4, 4), 0, 0)) << "ranks should differ now";
+
+  model->eval();  // the evaluation forward leaves the statistics as the broadcast made them
+  ddp(to(randn({4, 1, 8, 8}, DType::f32, &gen), test_device()));
+  std::vector<Tensor> after_broadcast = gather_buffers();
+  for (size_t i = 0; i < after_broadcast.size(); ++i) {
+    int64_t n = after_broadcast[i].numel() / w.size;
+    Tensor rank0_before = narrow(after_training[i], 0, 0, n);
+    EXPECT_TRUE(testing::all_close(narrow(after_broadcast[i], 0, 0, n), rank0_before, 0, 0)) << "buffer " << i;
+    EXPECT_TRUE(testing::all_close(narrow(after_broadcast[i], 0, n, n), rank0_before, 0, 0)) << "buffer " << i;
+  }
+  // The buffers still belong to the module: a state dict has them, and moving the module
+  // re-coalesces them before the next broadcast.
+  EXPECT_EQ(model->state_dict().size(), model->parameters().size() + model->buffers().size());
+}
+
 TEST(Ddp, FirstBucketIsLaunchedBeforeTheLastGradientExists) {
   REQUIRE_TWO_RANKS();
   manual_seed(7);
