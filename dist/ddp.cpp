@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <unordered_set>
 #include <sstream>
 
 #include "tandem/autograd/grad_mode.h"
@@ -11,6 +13,7 @@
 #include "tandem/core/random.h"
 #include "tandem/core/views.h"
 #include "tandem/dist/timeline.h"
+#include "tandem/optim/optimizer.h"
 
 namespace tandem::dist {
 
@@ -52,6 +55,8 @@ struct DistributedDataParallel::Bucket {
 // Events on the compute stream around the end of backward, to measure exposed communication.
 struct DistributedDataParallel::Timing {
   std::unique_ptr<cuda::Event> backward_end, sync_end;
+  // Around the compute stream's wait for the bucket left in flight (overlap_optimizer).
+  std::unique_ptr<cuda::Event> late_wait_begin, late_wait_end;
   double host_exposed_ms = 0;
 };
 
@@ -175,33 +180,47 @@ bool DistributedDataParallel::buffers_coalesced() const {
 
 void DistributedDataParallel::build_buckets() {
   bucket_of_.assign(params_.size(), -1);
-  auto close = [&](std::unique_ptr<Bucket>& b) {
-    if (!b || b->params.empty()) return;
-    int64_t numel = b->offsets.back() + params_[b->params.back()].numel();
-    b->buffer = zeros({numel}, params_[b->params[0]].options());
-    b->index = static_cast<int64_t>(buckets_.size());
-    buckets_.push_back(std::move(b));
+  // One open bucket per dtype, as in PyTorch: a model that interleaves dtypes (16-bit weights,
+  // f32 batch-norm parameters) would otherwise get a tiny bucket at every switch. A bucket is
+  // complete when its last parameter's gradient arrives; buckets are launched in that order.
+  struct Planned {
+    std::unique_ptr<Bucket> bucket;
+    double bytes = 0;
+    int64_t completes_at = 0;  // position, in backward order, of its last parameter
   };
-  std::unique_ptr<Bucket> current;
-  double current_bytes = 0;
+  std::vector<Planned> closed;
+  std::map<DType, Planned> open;
+  auto close = [&](Planned& b) {
+    int64_t numel = b.bucket->offsets.back() + params_[b.bucket->params.back()].numel();
+    b.bucket->buffer = zeros({numel}, params_[b.bucket->params[0]].options());  // (numel,)
+    closed.push_back(std::move(b));
+    b = Planned{};
+  };
+  int64_t position = 0;
   // Reverse registration order: the order in which backward produces the gradients.
-  for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
+  for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i, ++position) {
     const Tensor& p = params_[i];
-    double cap = (buckets_.empty() ? options_.first_bucket_mb : options_.bucket_cap_mb) * kMiB;
+    double cap = (closed.empty() ? options_.first_bucket_mb : options_.bucket_cap_mb) * kMiB;
     double bytes = static_cast<double>(p.nbytes());
-    bool fits = current && current_bytes + bytes <= cap && params_[current->params[0]].dtype() == p.dtype();
-    if (current && !current->params.empty() && !fits) {
-      close(current);
-      current_bytes = 0;
-    }
-    if (!current) current = std::make_unique<Bucket>();
-    int64_t offset = current->params.empty() ? 0 : current->offsets.back() + params_[current->params.back()].numel();
-    current->params.push_back(i);
-    current->offsets.push_back(offset);
-    current_bytes += bytes;
-    bucket_of_[i] = static_cast<int64_t>(buckets_.size());
+    Planned& current = open[p.dtype()];
+    if (current.bucket && current.bytes + bytes > cap) close(current);
+    if (!current.bucket) current.bucket = std::make_unique<Bucket>();
+    Bucket& b = *current.bucket;
+    b.offsets.push_back(b.params.empty() ? 0 : b.offsets.back() + params_[b.params.back()].numel());
+    b.params.push_back(i);
+    current.bytes += bytes;
+    current.completes_at = position;
   }
-  close(current);
+  for (auto& [dtype, b] : open) {
+    if (b.bucket) close(b);
+  }
+  std::stable_sort(closed.begin(), closed.end(),
+                   [](const Planned& a, const Planned& b) { return a.completes_at < b.completes_at; });
+  for (Planned& b : closed) {
+    b.bucket->index = static_cast<int64_t>(buckets_.size());
+    for (int64_t i : b.bucket->params) bucket_of_[i] = b.bucket->index;
+    buckets_.push_back(std::move(b.bucket));
+  }
   ready_.assign(params_.size(), false);
   attach_gradient_views(true);
 
@@ -242,6 +261,7 @@ void DistributedDataParallel::attach_gradient_views(bool zero) {
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
+  wait_for_gradients();  // a step that never came: the buckets are reused now
   if (options_.broadcast_buffers && group_->size() > 1) {
     NoGradGuard no_grad;
     if (!buffers_coalesced()) coalesce_buffers();
@@ -334,7 +354,16 @@ void DistributedDataParallel::finish_backward() {
   if (timeline_) timeline_->begin("wait for gradients");
   auto start = std::chrono::steady_clock::now();
   launch_ready_buckets();
+  in_flight_ = nullptr;
+  timing_->late_wait_begin.reset();
+  timing_->late_wait_end.reset();
   for (auto& b : buckets_) {
+    // The bucket launched last may stay in flight for step() to overlap (only on GPUs: on the
+    // CPU the host would block in either place).
+    if (options_.overlap_optimizer && gpu && b == buckets_.back() && buckets_.size() > 1) {
+      in_flight_ = b.get();
+      continue;
+    }
     b->work->wait();  // GPU: the compute stream waits; CPU: the host waits
     if (!b->comm.is_same(b->buffer)) kernels::copy_(b->buffer, b->comm);
   }
@@ -355,7 +384,34 @@ void DistributedDataParallel::finish_backward() {
   stats_pending_ = true;
 }
 
+void DistributedDataParallel::wait_for_gradients() {
+  if (!in_flight_) return;
+  Bucket& b = *in_flight_;
+  in_flight_ = nullptr;
+  if (timeline_) timeline_->begin("wait for the last bucket");
+  timing_->late_wait_begin = std::make_unique<cuda::Event>();
+  timing_->late_wait_begin->record(device_.index);
+  b.work->wait();
+  if (!b.comm.is_same(b.buffer)) kernels::copy_(b.buffer, b.comm);
+  timing_->late_wait_end = std::make_unique<cuda::Event>();
+  timing_->late_wait_end->record(device_.index);
+  if (timeline_) timeline_->end();
+}
+
+void DistributedDataParallel::step(optim::Optimizer& opt) {
+  if (!in_flight_) {
+    opt.step();
+    return;
+  }
+  std::unordered_set<const void*> late;  // data of the parameters whose gradients are in flight
+  for (int64_t i : in_flight_->params) late.insert(params_[i].data_ptr());
+  opt.step_some([&](const Tensor& p) { return late.count(p.data_ptr()) == 0; });
+  wait_for_gradients();
+  opt.step_some([&](const Tensor& p) { return late.count(p.data_ptr()) != 0; });
+}
+
 const DdpStats& DistributedDataParallel::stats() {
+  wait_for_gradients();
   if (!stats_pending_) return stats_;
   stats_pending_ = false;
   double comm = 0;
@@ -368,6 +424,10 @@ const DdpStats& DistributedDataParallel::stats() {
   if (device_.is_cuda() && timing_->sync_end) {
     timing_->sync_end->synchronize();
     stats_.exposed_ms = timing_->backward_end->elapsed_ms(*timing_->sync_end);
+    if (timing_->late_wait_end) {
+      timing_->late_wait_end->synchronize();
+      stats_.exposed_ms += timing_->late_wait_begin->elapsed_ms(*timing_->late_wait_end);
+    }
   } else {
     stats_.exposed_ms = timing_->host_exposed_ms;
   }

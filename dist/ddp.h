@@ -16,6 +16,10 @@
 #include "tandem/dist/process_group.h"
 #include "tandem/layers/module.h"
 
+namespace tandem::optim {
+class Optimizer;
+}
+
 namespace tandem::dist {
 
 class Timeline;
@@ -29,6 +33,12 @@ struct DdpOptions {
   bool broadcast_buffers = true;    // rank 0's buffers (batch-norm statistics) at every forward
   std::optional<DType> comm_dtype;  // e.g. bf16: gradients travel in bf16, accumulate in their own dtype
   bool overlap = true;              // false: launch every bucket after backward (for scaling studies)
+  // The last bucket to complete (in a GPT, the tied embedding's gradient, ready only when backward
+  // ends) is still in flight when backward returns; ddp.step(optimizer) updates every other
+  // parameter while it travels, then waits and updates the rest. With this on, step through
+  // ddp.step(optimizer), and call ddp.wait_for_gradients() before anything else that reads every
+  // gradient (clip_grad_norm_, a GradScaler: those cannot overlap the step).
+  bool overlap_optimizer = false;
 };
 
 // What the last synchronised backward did. On GPUs the times come from CUDA events and are read
@@ -74,6 +84,13 @@ class DistributedDataParallel {
   };
   NoSync no_sync() { return NoSync(*this); }
 
+  // opt.step() with the last bucket's communication overlapped by the update of the others when
+  // overlap_optimizer is on (plain opt.step() otherwise). The result is the same.
+  void step(optim::Optimizer& opt);
+  // Makes the compute stream wait for every gradient (a no-op unless a bucket was left in flight
+  // by overlap_optimizer).
+  void wait_for_gradients();
+
   const DdpStats& stats();
   // While `timeline` records (dist/timeline.h), each bucket's all-reduce and the compute stream's
   // wait for them at the end of backward go into it. nullptr (the default) turns this off.
@@ -110,6 +127,7 @@ class DistributedDataParallel {
   std::vector<bool> ready_;          // param index -> gradient produced this backward
   int64_t gradients_seen_ = 0;
   size_t next_to_launch_ = 0;
+  Bucket* in_flight_ = nullptr;  // the bucket overlap_optimizer left in flight after backward
   bool sync_enabled_ = true;
   bool backward_active_ = false;
   DdpStats stats_;

@@ -97,7 +97,9 @@ std::vector<std::string> Optimizer::state_names_of(const Tensor& param) const {
   return names;
 }
 
-void Optimizer::step_impl(const StepScaling* scaling) {
+void Optimizer::step_some(const std::function<bool(const Tensor&)>& include) { step_impl(nullptr, &include); }
+
+void Optimizer::step_impl(const StepScaling* scaling, const std::function<bool(const Tensor&)>* include) {
   NoGradGuard no_grad;
   for (size_t g = 0; g < groups_.size(); ++g) {
     ParamGroup& group = *groups_[g];
@@ -108,7 +110,7 @@ void Optimizer::step_impl(const StepScaling* scaling) {
     for (size_t i = 0; i < group.params.size(); ++i) {
       const Tensor& p = group.params[i];
       Tensor grad = p.grad();
-      if (!grad.defined()) continue;
+      if (!grad.defined() || (include && !(*include)(p))) continue;
       TANDEM_CHECK_AS(ValueError, grad.shape() == p.shape(), name(), ": parameter ", i, " of group ", g, " has shape ",
                       shape_str(p.shape()), " but its gradient has shape ", shape_str(grad.shape()));
       TANDEM_CHECK_AS(TypeError, grad.dtype() == p.dtype(), name(), ": parameter ", i, " of group ", g, " is ",

@@ -17,6 +17,7 @@
 // kernels skip the update when the flag is set and unscale gradients as they read them, so no
 // step waits for the host. Step counts (AdamW) are 0-dim f32 device tensors for the same reason.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -72,6 +73,9 @@ class Optimizer {
   void step();
   // The same under a GradScaler, which calls it (see StepScaling).
   void step(const StepScaling& scaling);
+  // Updates only the parameters for which `include` is true (those with gradients), as step()
+  // would: for splitting one step into parts that run as their gradients become ready.
+  void step_some(const std::function<bool(const Tensor& param)>& include);
   // Whether f16/bf16 parameters are updated through f32 master weights.
   bool master_weights() const { return master_weights_; }
   // set_to_none drops the gradients (the next backward creates new ones); otherwise they are
@@ -129,7 +133,7 @@ class Optimizer {
  private:
   std::vector<std::pair<std::string, double>> all_hyper_parameters(const ParamGroup& group) const;
   void set_any_hyper_parameter(ParamGroup& group, const std::string& name, double value) const;
-  void step_impl(const StepScaling* scaling);
+  void step_impl(const StepScaling* scaling, const std::function<bool(const Tensor&)>* include = nullptr);
   bool has_master(const Tensor& param) const;
   std::vector<std::string> state_names_of(const Tensor& param) const;  // state_names() + "master"
 

@@ -148,6 +148,59 @@ TEST(Ddp, EveryForwardStartsFromRankZerosBuffers) {
   EXPECT_EQ(model->state_dict().size(), model->parameters().size() + model->buffers().size());
 }
 
+// A bf16 CNN keeps its batch-norm parameters in f32: the dtypes interleave in registration order.
+// Each dtype fills its own buckets, so large caps give one bucket per dtype, not one per switch.
+TEST(Ddp, InterleavedDtypesShareOneBucketPerDtype) {
+  REQUIRE_TWO_RANKS();
+  const dist::World& w = dist::world();
+  manual_seed(5);
+  auto model = make_cnn(TensorOptions(DType::f32, test_device()));
+  model->to(DType::bf16);
+  DistributedDataParallel ddp(model, {25.0, 25.0});
+  ASSERT_EQ(ddp.bucket_plan().size(), 2u);
+  for (const auto& bucket : ddp.bucket_plan()) {
+    for (int64_t i : bucket) EXPECT_EQ(model->parameters()[i].dtype(), model->parameters()[bucket[0]].dtype());
+  }
+  Generator gen(900 + w.rank);
+  Tensor x = to(randn({4, 1, 8, 8}, DType::bf16, &gen), test_device());
+  Tensor y = to(randint(0, 5, {4}, DType::i64, &gen), test_device());
+  cross_entropy(ddp(x), y).backward();
+  for (const Tensor& p : model->parameters()) {  // every rank holds the same averaged gradient
+    Tensor g = contiguous(reshape(p.grad(), {-1}));
+    Tensor all = empty({w.size * g.numel()}, g.options());
+    w.group_for(g.device()).all_gather(all, g)->synchronize();
+    EXPECT_TRUE(testing::all_close(narrow(all, 0, 0, g.numel()), narrow(all, 0, g.numel(), g.numel()), 0, 0));
+  }
+}
+
+// overlap_optimizer leaves the last bucket in flight after backward (on GPUs) and ddp.step()
+// updates the other parameters meanwhile: the parameters come out exactly as with a plain step.
+TEST(Ddp, OverlappingTheOptimizerWithTheLastBucketChangesNothing) {
+  REQUIRE_TWO_RANKS();
+  const dist::World& w = dist::world();
+  TensorOptions o(DType::f32, test_device());
+  manual_seed(31);
+  auto plain_model = make_mlp(o);
+  auto overlapped_model = make_mlp(o);
+  copy_model(*plain_model, *overlapped_model);
+  dist::DdpOptions overlapped_options{0.002, 0.001};
+  overlapped_options.overlap_optimizer = true;
+  DistributedDataParallel plain(plain_model, {0.002, 0.001}), overlapped(overlapped_model, overlapped_options);
+  optim::AdamW plain_opt(plain_model->parameters(), {1e-2}), overlapped_opt(overlapped_model->parameters(), {1e-2});
+  for (int step = 0; step < 3; ++step) {
+    Generator gen(300 + 10 * step + w.rank);
+    Tensor x = to(randn({6, 12}, DType::f32, &gen), test_device());
+    for (auto [ddp, opt] : {std::pair{&plain, &plain_opt}, std::pair{&overlapped, &overlapped_opt}}) {
+      opt->zero_grad();
+      sum((*ddp)(x)).backward();
+      ddp->step(*opt);
+    }
+  }
+  auto a = plain_model->parameters(), b = overlapped_model->parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(testing::all_close(b[i], a[i], 0, 0)) << "parameter " << i;
+  EXPECT_GT(overlapped.stats().bytes, 0);
+}
+
 TEST(Ddp, FirstBucketIsLaunchedBeforeTheLastGradientExists) {
   REQUIRE_TWO_RANKS();
   manual_seed(7);

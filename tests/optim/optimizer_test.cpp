@@ -898,3 +898,32 @@ TEST(OptimCuda, OptimizersAndClippingOnTheGpuMatchTheCpu) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// step_some in two parts (as DDP splits a step around the last bucket) equals one step().
+TEST(Optimizer, StepSomeInTwoPartsEqualsOneStep) {
+  std::vector<Tensor> whole, split;
+  for (const Shape& shape : {Shape{3, 4}, Shape{5}, Shape{2, 2}}) {
+    Tensor p = testing::random_tensor(shape, DType::f32);
+    whole.push_back(clone(p).requires_grad_());
+    split.push_back(clone(p).requires_grad_());
+  }
+  AdamW one(whole, {1e-2}), two(split, {1e-2});
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < whole.size(); ++i) {
+      Tensor g = testing::random_tensor(whole[i].shape(), DType::f32);
+      whole[i].set_grad(clone(g));
+      split[i].set_grad(clone(g));
+    }
+    one.step();
+    auto is_first = [&](const Tensor& p) { return p.data_ptr() == split[0].data_ptr(); };
+    two.step_some([&](const Tensor& p) { return !is_first(p); });
+    two.step_some(is_first);
+  }
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_TRUE(testing::all_close(split[i], whole[i], 0, 0)) << i;
+}
+
+}  // namespace
+}  // namespace tandem
