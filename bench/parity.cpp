@@ -17,16 +17,20 @@
 // statistics and updates its running statistics, which are compared too). The measure, per tensor,
 // with a = tandem's values and b = PyTorch's:
 //     err(a, b) = max_i |a_i - b_i| / max_i |b_i|      (max_i |a_i - b_i| where b is all zeros)
-// and for a loss |a - b| / |b|. A workload passes when
-//   - the first step's loss has err <= rtol,
-//   - every gradient of the first step has err <= rtol (the ops themselves), and
-//   - every tensor of the final state has err <= rtol, or else is within rtol of the f64 result or
-//     at most twice as far from it as PyTorch's f32 result: err(a, b64) <= max(rtol, 2 err(b, b64)),
-//     b64 being PyTorch's training of the same start in f64. AdamW's first steps move each element by about lr whatever
-//     the size of its gradient (update g / (|g| + eps)), so an element whose gradient is zero up
-//     to rounding (the key bias of attention, whose exact gradient is 0; a weight of a
-//     convolution before batch norm whose gradient cancels) moves by rounding noise times
-//     lr / eps, more than rtol times the tensor's largest value: in either framework.
+// and for a loss |a - b| / |b|. Two verdicts are printed per workload:
+//   - first step: the first step's loss and every gradient of the first step have err <= rtol.
+//     This compares the ops themselves, forward and backward, on identical inputs.
+//   - 3 steps, L2: in addition, the whole final state (every tensor together) has a relative L2
+//     error ||a - b|| / ||b|| <= rtol.
+//   - 3 steps, strict: in addition, every tensor of the final state has err <= rtol.
+// The final state is hard to match to 1e-4 this way, and the reason is AdamW, not the ops: its
+// first steps move each element by about lr whatever the size of its gradient (update
+// g / (|g| + eps)), so an element whose gradient is zero up to f32 rounding (attention's key bias,
+// whose exact gradient is 0; a convolution weight ahead of batch norm whose gradient cancels)
+// moves by +-lr in either framework, depending on the sign of its rounding noise. To show that,
+// each tensor beyond rtol is printed with both frameworks' distances to PyTorch's f64 training
+// from the same start.
+// --check picks the verdict that sets the exit status (first-step for CTest; strict by default).
 // Prints a table; exits 1 when any workload fails, 2 on bad arguments or files.
 #include <CLI/CLI.hpp>
 
@@ -112,10 +116,11 @@ struct Result {
   std::string worst_name;  // the tensor of the final state with the largest err
   double worst_err = 0;
   int64_t tensors = 0;
-  int64_t noisy = 0;       // tensors with err > rtol that pass by the f64 rule
-  double worst_ratio = 0;  // of those: err(a, b64) / err(b, b64)
-  int64_t failing = 0;     // gradients and tensors that fail
-  bool pass = false;
+  int64_t grads_over = 0;  // first-step gradients with err > rtol
+  int64_t state_over = 0;  // final-state tensors with err > rtol
+  double worst_ratio = 0;  // of those: err(a, b64) / err(b, b64), the largest
+  double state_l2 = 0;     // ||a - b|| / ||b|| over the whole final state
+  bool pass_first_step = false, pass_l2 = false, pass_strict = false;
 };
 
 Result check_workload(const std::string& dir, const std::string& name, Device device, double rtol, bool save) {
@@ -163,8 +168,8 @@ Result check_workload(const std::string& dir, const std::string& name, Device de
         const double err = relative_error(param.grad(), grads.at(param_name));
         r.grad_err = std::max(r.grad_err, err);
         if (err > rtol) {
-          ++r.failing;
-          std::printf("  %s: gradient of %s err %.3g > %.0e  FAIL\n", name.c_str(), param_name.c_str(), err, rtol);
+          ++r.grads_over;
+          std::printf("  %s: gradient of %s err %.3g > %.0e\n", name.c_str(), param_name.c_str(), err, rtol);
         }
       }
     }
@@ -175,6 +180,7 @@ Result check_workload(const std::string& dir, const std::string& name, Device de
   r.loss_err = std::fabs(r.loss_tandem[0] - r.loss_torch[0]) / std::fabs(r.loss_torch[0]);
   const nn::NamedTensors state = model->state_dict();
   if (save) save_safetensors(path_of(dir, name, "tandem_after"), state);
+  double diff_sq = 0, ref_sq = 0;  // for the whole state's L2 error
   for (const auto& [tensor_name, value] : state) {
     TANDEM_CHECK_AS(ValueError, after.contains(tensor_name), after_path, ": has no '", tensor_name,
                     "', which the model has");
@@ -182,6 +188,13 @@ Result check_workload(const std::string& dir, const std::string& name, Device de
     TANDEM_CHECK_AS(ValueError, expected.shape() == value.shape(), after_path, ": '", tensor_name, "' is ",
                     shape_str(expected.shape()), ", the model's is ", shape_str(value.shape()));
     const double err = relative_error(value, expected);
+    {
+      NoGradGuard no_grad;
+      Tensor a64 = to(value, DType::f64), b64 = to(to(expected, value.device()), DType::f64);
+      Tensor d = sub(a64, b64);
+      diff_sq += sum(mul(d, d)).item();
+      ref_sq += sum(mul(b64, b64)).item();
+    }
     ++r.tensors;
     if (err > rtol) {
       // PyTorch's and tandem's distances to the f64 result.
@@ -189,15 +202,10 @@ Result check_workload(const std::string& dir, const std::string& name, Device de
       const double torch_err = relative_error(to(expected, value.device()), exact);
       const double tandem_err = relative_error(value, exact);
       const double ratio = torch_err > 0 ? tandem_err / torch_err : INFINITY;
-      const bool noise = tandem_err <= std::max(rtol, 2.0 * torch_err);
-      if (noise) {
-        ++r.noisy;
-        r.worst_ratio = std::max(r.worst_ratio, ratio);
-      } else {
-        ++r.failing;
-      }
-      std::printf("  %s: %s err %.3g > %.0e; from f64: tandem %.3g, torch %.3g (x%.2f)  %s\n", name.c_str(),
-                  tensor_name.c_str(), err, rtol, tandem_err, torch_err, ratio, noise ? "f32 noise" : "FAIL");
+      ++r.state_over;
+      r.worst_ratio = std::max(r.worst_ratio, ratio);
+      std::printf("  %s: %s err %.3g > %.0e; from f64: tandem %.3g, torch %.3g (x%.2f)\n", name.c_str(),
+                  tensor_name.c_str(), err, rtol, tandem_err, torch_err, ratio);
     }
     if (err >= r.worst_err) {
       r.worst_err = err;
@@ -206,7 +214,10 @@ Result check_workload(const std::string& dir, const std::string& name, Device de
   }
   TANDEM_CHECK_AS(ValueError, static_cast<int64_t>(after.tensors.size()) == r.tensors, after_path, ": holds ",
                   after.tensors.size(), " tensors, the model's state ", r.tensors);
-  r.pass = r.loss_err <= rtol && r.failing == 0;
+  r.state_l2 = ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::sqrt(diff_sq);
+  r.pass_first_step = r.loss_err <= rtol && r.grads_over == 0;
+  r.pass_l2 = r.pass_first_step && r.state_l2 <= rtol;
+  r.pass_strict = r.pass_first_step && r.state_over == 0;
   return r;
 }
 
@@ -218,10 +229,13 @@ int main(int argc, char** argv) {
   std::string dir, device_name = "cpu", workload_list = "mlp,gpt2,resnet18";
   double rtol = 1e-4;
   bool save = false;
+  std::string check = "strict";
   app.add_option("--dir", dir, "where bench/reference/parity.py wrote the files")->required();
   app.add_option("--workloads", workload_list, "comma-separated: mlp, gpt2, resnet18");
   app.add_option("--device", device_name, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--rtol", rtol, "largest err allowed (see the file's header)")->check(CLI::PositiveNumber);
+  app.add_option("--check", check, "the verdict that sets the exit status: strict, l2 or first-step")
+      ->check(CLI::IsMember({"strict", "l2", "first-step"}));
   app.add_flag("--save", save, "also write tandem's final state to DIR/<workload>_tandem_after.safetensors");
   CLI11_PARSE(app, argc, argv);
 
@@ -240,9 +254,9 @@ int main(int argc, char** argv) {
 
   std::printf("\nparity on %s, rtol %.0e (err = max|tandem - torch| / max|torch| per tensor)\n", device_name.c_str(),
               rtol);
-  std::printf("%-9s %10s | %-26s %-26s %8s | %8s | %7s %8s  %-30s %11s | %s\n", "workload", "params",
-              "losses tandem", "losses torch", "loss err", "grad err", "tensors", "worst err", "worst tensor",
-              ">rtol (x64)", "result");
+  std::printf("%-9s %10s | %-26s %-26s %8s | %8s | %7s %8s  %-28s %9s %10s | %-10s %-10s %s\n", "workload",
+              "params", "losses tandem", "losses torch", "loss err", "grad err", "tensors", "worst err", "worst tensor",
+              ">rtol (x64)", "state L2", "first step", "3 steps L2", "3 steps strict");
   bool all = true;
   for (const Result& r : results) {
     auto join = [](const std::vector<double>& v) {
@@ -254,17 +268,20 @@ int main(int argc, char** argv) {
       }
       return s;
     };
-    char noisy[32];
-    std::snprintf(noisy, sizeof noisy, "%lld (%.2f)", static_cast<long long>(r.noisy), r.worst_ratio);
-    std::printf("%-9s %10lld | %-26s %-26s %8.1e | %8.1e | %7lld %8.1e  %-30s %11s | %s\n", r.workload.c_str(),
-                static_cast<long long>(r.params), join(r.loss_tandem).c_str(), join(r.loss_torch).c_str(), r.loss_err,
-                r.grad_err, static_cast<long long>(r.tensors), r.worst_err, r.worst_name.c_str(), noisy,
-                r.pass ? "PASS" : "FAIL");
-    all = all && r.pass;
+    char over[32];
+    std::snprintf(over, sizeof over, "%lld (%.1f)", static_cast<long long>(r.state_over), r.worst_ratio);
+    std::printf("%-9s %10lld | %-26s %-26s %8.1e | %8.1e | %7lld %8.1e  %-28s %9s %10.1e | %-10s %-10s %s\n",
+                r.workload.c_str(), static_cast<long long>(r.params), join(r.loss_tandem).c_str(),
+                join(r.loss_torch).c_str(), r.loss_err, r.grad_err, static_cast<long long>(r.tensors), r.worst_err,
+                r.worst_name.c_str(), over, r.state_l2, r.pass_first_step ? "PASS" : "FAIL", r.pass_l2 ? "PASS" : "FAIL",
+                r.pass_strict ? "PASS" : "FAIL");
+    all = all && (check == "strict" ? r.pass_strict : check == "l2" ? r.pass_l2 : r.pass_first_step);
   }
   std::printf("loss err: first step; grad err: largest over the first step's gradients; worst err: over the final "
-              "state;\n>rtol (x64): tensors beyond rtol that pass as f32 rounding, err(a, b64) <= max(rtol, 2 err(b, "
-              "b64)), with the largest ratio err(a, b64) / err(b, b64)\n");
+              "state;\n>rtol (x64): final-state tensors beyond rtol, with the largest ratio of tandem's to PyTorch's "
+              "distance from PyTorch's f64 result;\nstate L2: ||tandem - torch|| / ||torch|| over the whole final "
+              "state; exit status from the '%s' verdict\n",
+              check.c_str());
   std::fflush(stdout);
   return all ? 0 : 1;
 }

@@ -568,8 +568,11 @@ std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int devic
   ncclComm_t comm = nullptr;
   auto start = Clock::now();
   TANDEM_NCCL_CHECK_ASYNC(ncclCommInitRankConfig(&comm, size, id, rank, &config));
+  // Creating a communicator can take seconds on a busy machine (it sets up every link): it gets
+  // at least a minute, whatever short timeout the collectives have.
+  const double init_timeout = std::max(timeout_seconds, 60.0);
   ncclResult_t state = ncclInProgress;
-  while (state == ncclInProgress && seconds_since(start) <= timeout_seconds) {
+  while (state == ncclInProgress && seconds_since(start) <= init_timeout) {
     ncclResult_t status = ncclCommGetAsyncError(comm, &state);
     if (status != ncclSuccess) state = status;
     if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(100));

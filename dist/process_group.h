@@ -67,7 +67,7 @@ class ProcessGroup {
 };
 
 struct InitOptions {
-  double timeout_seconds = 600;  // per collective; overridden by $TANDEM_DIST_TIMEOUT (seconds)
+  double timeout_seconds = 600;  // per collective (creating a communicator gets at least 60 s); $TANDEM_DIST_TIMEOUT overrides it
   bool use_gpu = true;           // bind to a GPU and make the NCCL group when CUDA devices exist
 };
 

@@ -3,15 +3,16 @@
 
     parity.py --binary build/bench/parity [--device cuda|cpu] [--size full|small]
               [--workloads mlp,gpt2,resnet18] [--batch N] [--seq-len T] [--steps 3] [--rtol 1e-4]
+              [--check strict|l2|first-step]
 
 For each workload, in f32 without TF32 and in training mode: builds the model, saves its initial
 state (parameters and buffers) and one batch of inputs and targets as safetensors, trains
 --steps AdamW steps (tandem's hyper-parameters) on that batch, and saves each step's loss and
 the final state. Then runs tandem's `parity` binary on the same files: it loads the initial
-state and the batch, trains the same steps, and compares the first step's loss and every tensor
-of the final state, err = max|tandem - torch| / max|torch| per tensor, against --rtol. Exits with
-the binary's status (0: every workload passed), or 77 (skipped) when torch or safetensors is
-missing.
+state and the batch, trains the same steps, and compares the first step's loss and gradients and
+every tensor of the final state, err = max|tandem - torch| / max|torch| per tensor, against
+--rtol. Exits with the binary's status for the --check verdict (0: every workload passed), or 77
+(skipped) when torch or safetensors is missing.
 
 --size small shrinks the MLP and GPT-2 (not ResNet-18) so that the check runs on the CPU in
 a CTest test; the default batch is then small too (mlp 64, gpt2 2 sequences, resnet18 8). On
@@ -132,6 +133,8 @@ def main():
     parser.add_argument("--seq-len", type=int, default=0, help="gpt2 tokens per sequence; 0: the block size")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rtol", type=float, default=1e-4)
+    parser.add_argument("--check", default="strict", choices=["strict", "l2", "first-step"],
+                        help="the verdict that sets the exit status (see bench/parity.cpp)")
     parser.add_argument("--dir", help="where the files go (kept); default: a temporary folder, removed after")
     args = parser.parse_args()
     if args.size is None:
@@ -156,7 +159,7 @@ def main():
         for n in names:
             run_torch(workload_spec(n, args), device, args.steps, out_dir)
         command = [args.binary, "--dir", out_dir, "--workloads", ",".join(names), "--device", args.device,
-                   "--rtol", repr(args.rtol)]
+                   "--rtol", repr(args.rtol), "--check", args.check]
         print("parity.py: running", " ".join(command), flush=True)
         return subprocess.call(command)
     finally:
