@@ -143,9 +143,13 @@ TEST(Ddp, EveryForwardStartsFromRankZerosBuffers) {
     EXPECT_TRUE(testing::all_close(narrow(after_broadcast[i], 0, 0, n), rank0_before, 0, 0)) << "buffer " << i;
     EXPECT_TRUE(testing::all_close(narrow(after_broadcast[i], 0, n, n), rank0_before, 0, 0)) << "buffer " << i;
   }
-  // The buffers still belong to the module: a state dict has them, and moving the module
-  // re-coalesces them before the next broadcast.
-  EXPECT_EQ(model->state_dict().size(), model->parameters().size() + model->buffers().size());
+  // A buffer given new storage since (as moving a module does) is coalesced again before the next
+  // broadcast: each rank's own value here is replaced by rank 0's.
+  Tensor running_mean = model->buffers()[0];
+  running_mean.set_data(full(running_mean.shape(), 10.0 + w.rank, running_mean.options()));
+  ddp(to(randn({4, 1, 8, 8}, DType::f32, &gen), test_device()));
+  Tensor mean_everywhere = gather_buffers()[0];  // (2 * 4,)
+  EXPECT_TRUE(testing::all_close(mean_everywhere, std::vector<double>(8, 10.0), 0, 0));
 }
 
 // A bf16 CNN keeps its batch-norm parameters in f32: the dtypes interleave in registration order.
