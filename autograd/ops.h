@@ -157,10 +157,17 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction =
 
 // Attention over q (B, H, Tq, D), k and v (B, H, Tk, D), any strides: softmax(q k^T * scale
 // [+ causal mask]) v, shaped (B, H, Tq, D). scale 0 means 1 / sqrt(D). With is_causal, query i
-// sees keys 0..i (Tq == Tk). On CUDA, bf16 and f16 run cuDNN's fused flash attention (no T x T
-// matrix is stored); other dtypes and the CPU compute the attention matrix explicitly.
+// sees keys 0..i (Tq == Tk). On CUDA, bf16 and f16 run cuDNN's fused flash attention and f32 runs
+// tandem's own (TF32 or 3xTF32 tensor cores, per the matmul precision); no T x T matrix is stored.
+// f64, unsupported head dims and the CPU compute the attention matrix explicitly.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal = false,
                                     double scale = 0.0);
+// Attention over a transformer block's packed projection: qkv (B, T, 3 C) holds q, k and v side by
+// side, each C = n_head * D wide (GPT-2's c_attn output); returns (B, T, C), the heads merged. The
+// same as splitting qkv into three (B, H, T, D) views, scaled_dot_product_attention, and merging,
+// but on the fused paths the gradient of qkv is written in place, in one buffer, rather than
+// assembled from three zero-padded gradients of the views.
+Tensor packed_qkv_attention(const Tensor& qkv, int64_t n_head, bool is_causal = false, double scale = 0.0);
 
 // ---- joining and indexing ----
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);

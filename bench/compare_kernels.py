@@ -5,9 +5,10 @@ PyTorch. Then, per cuDNN algorithm selection asked for, one row per ResNet-18 co
 direction: median per-call time (ms), device time alone (gpu), host time to issue a call (host),
 and tandem's speed relative to PyTorch for ms and gpu (below 1.00x: tandem is slower).
 
-Usage: python3 bench/compare_kernels.py BUILD_DIR [--json OUT.json] [--conv-only]
+Usage: python3 bench/compare_kernels.py BUILD_DIR [--json OUT.json] [--conv-only | --attention-only]
            [--select legacy,v7,graph] [--topk K] [--heur-mode instant|b|a] [--log]
   --conv-only   only the convolutions (both sides)
+  --attention-only   only GPT-2's attention, forward and forward + backward (both sides)
   --select      run gpu_kernels once per value of TANDEM_CUDNN_ALGO_SELECT (default: one run with
                 the environment as it is, i.e. graph unless TANDEM_CUDNN_ALGO_SELECT is set)
   --topk        TANDEM_CUDNN_TIME_TOPK for those runs
@@ -38,7 +39,7 @@ def speed(torch_ms, tandem_ms):
 
 
 def main_table(tandem, torch):
-    copy_bw = tandem["copy_d2d_f32"]["gbps"]
+    copy_bw = tandem.get("copy_d2d_f32", {}).get("gbps")  # absent in an --attention-only run
     print(f"{'workload':40s} {'tandem ms':>10s} {'torch ms':>10s} {'tandem':>10s} {'torch':>10s} "
           f"{'of copy BW':>10s} {'speed vs torch':>14s}")
     for name, t in tandem.items():
@@ -46,7 +47,7 @@ def main_table(tandem, torch):
             continue
         p = torch.get(name, {})
         unit = "gbps" if "gbps" in t else "tflops"
-        frac = f"{t['gbps'] / copy_bw:.0%}" if unit == "gbps" else ""
+        frac = f"{t['gbps'] / copy_bw:.0%}" if unit == "gbps" and copy_bw else ""
         ratio = f"{p['ms'] / t['ms']:.2f}x" if p else ""
         print(f"{name:40s} {t['ms']:10.3f} {p.get('ms', float('nan')):10.3f} {t.get(unit, 0):9.1f}{unit[0].upper()} "
               f"{p.get(unit, 0):9.1f}{unit[0].upper()} {frac:>10s} {ratio:>14s}")
@@ -96,6 +97,13 @@ def main():
     build = pathlib.Path(sys.argv[1])
     here = pathlib.Path(__file__).resolve().parent
     conv_only = "--conv-only" in sys.argv
+    if "--attention-only" in sys.argv:
+        torch, _ = run([sys.executable, str(here / "reference" / "kernels.py"), "--attention-only"])
+        tandem, _ = run([str(build / "bench" / "gpu_kernels"), "--attention-only"])
+        main_table(tandem, torch)
+        if "--json" in sys.argv:
+            pathlib.Path(option("--json")).write_text(json.dumps({"pytorch": torch, "tandem": tandem}, indent=1))
+        return
     selects = option("--select").split(",") if option("--select") else [None]
     extra = ["--conv-only"] if conv_only else []
 

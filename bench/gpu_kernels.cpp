@@ -7,8 +7,11 @@
 // figures: "ms" (median of per-call events, as for the totals), "gpu_ms" (device time alone: the
 // stream is held until all repetitions are queued, so host gaps do not count) and "host_ms" (host
 // time to issue one call). ms well above gpu_ms means the host cannot keep the GPU busy.
-// Usage: gpu_kernels [--conv-only]. TANDEM_CUDNN_ALGO_SELECT and friends (core/cuda/cudnn.cpp)
-// choose how cuDNN algorithms are picked.
+// Attention: GPT-2's causal self-attention (B 8, H 12, T 1024, D 64; q, k and v as views of the
+// packed (B, T, 3, H, D) projection), forward and forward + backward, in f32 under TF32
+// ("attention_*_tf32"), f32 under "highest" (3xTF32), and bf16 (cuDNN).
+// Usage: gpu_kernels [--conv-only | --attention-only]. TANDEM_CUDNN_ALGO_SELECT and friends
+// (core/cuda/cudnn.cpp) choose how cuDNN algorithms are picked.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -107,6 +110,34 @@ const int kResNet18Count[] = {1, 4, 1, 3, 1, 1, 3, 1, 1, 3, 1};
 
 void resnet18_convs();
 
+void attention_kernels() {
+  const int64_t b = 8, h = 12, t = 1024, d = 64;
+  const double fwd_flops = 2.0 * b * h * t * t * d;  // two (T x T x D) products, half of them masked
+  Tensor packed = randn({b, t, 3, h, d}, TensorOptions(DType::f32, kGpu));      // (B, T, 3, H, D)
+  Tensor grad = randn({b, h, t, d}, TensorOptions(DType::f32, kGpu));           // (B, H, T, D)
+  struct Precision {
+    const char* name;
+    DType dtype;
+    cuda::MatmulPrecision matmul;
+  };
+  for (Precision p : {Precision{"tf32", DType::f32, cuda::MatmulPrecision::high},
+                      Precision{"f32", DType::f32, cuda::MatmulPrecision::highest},
+                      Precision{"bf16", DType::bf16, cuda::MatmulPrecision::highest}}) {
+    cuda::set_matmul_precision(p.matmul);
+    Tensor x = kernels::to_dtype(packed, p.dtype), g = kernels::to_dtype(grad, p.dtype);
+    std::vector<Tensor> qkv;
+    for (int64_t i = 0; i < 3; ++i) qkv.push_back(permute(squeeze(narrow(x, 2, i, 1), 2), {0, 2, 1, 3}));
+    auto forward = [&] { return kernels::fused_attention_forward(qkv[0], qkv[1], qkv[2], true, 0.125); };
+    emit(std::string("attention_gpt2_fwd_") + p.name, bench::median_ms([&] { forward(); }), 0, fwd_flops);
+    emit(std::string("attention_gpt2_fwdbwd_") + p.name, bench::median_ms([&] {
+           kernels::AttentionForward f = forward();
+           kernels::fused_attention_backward(g, qkv[0], qkv[1], qkv[2], f, true, 0.125);
+         }),
+         0, 3.5 * fwd_flops);
+  }
+  cuda::set_matmul_precision(cuda::MatmulPrecision::highest);
+}
+
 int main(int argc, char** argv) {
   if (!cuda::is_available()) {
     std::fprintf(stderr, "gpu_kernels: no CUDA device\n");
@@ -116,8 +147,11 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--conv-only") == 0) {
       conv_only = true;
+    } else if (std::strcmp(argv[i], "--attention-only") == 0) {
+      attention_kernels();
+      return 0;
     } else {
-      std::fprintf(stderr, "usage: gpu_kernels [--conv-only]\n");
+      std::fprintf(stderr, "usage: gpu_kernels [--conv-only | --attention-only]\n");
       return 2;
     }
   }
@@ -161,6 +195,7 @@ int main(int argc, char** argv) {
   emit("matmul8192_bf16", bench::median_ms([&] { kernels::matmul(x16, y16); }, 3, 20), 0, flops);
   x = y = x16 = y16 = Tensor();
 
+  attention_kernels();
   resnet18_convs();
   return 0;
 }

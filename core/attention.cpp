@@ -1,4 +1,5 @@
-// The device-neutral side of fused attention: argument checks, output layouts, routing to cuDNN.
+// The device-neutral side of fused attention: argument checks, output layouts, routing to cuDNN
+// (bf16, f16) or to tandem's own flash-attention kernels (f32).
 #include <cstdint>
 
 #include "tandem/core/backend.h"
@@ -30,42 +31,76 @@ Tensor empty_bthd(const Shape& bhtd, TensorOptions options) {
   return views::permute(t, {0, 2, 1, 3});
 }
 
-// x itself when cuDNN can read it in place (last stride 1, aligned rows), else a contiguous copy.
-Tensor fused_layout(const Tensor& x) {
+// Whether the kernels can address x (B, H, T, D) in place: last stride 1, 16-byte aligned rows.
+bool fused_addressable(const Tensor& x) {
+  const int64_t per_16_bytes = 16 / static_cast<int64_t>(dtype_size(x.dtype()));
   bool ok = x.stride(3) == 1 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
-  for (int64_t d = 0; d < 3 && ok; ++d) ok = x.stride(d) % 8 == 0;
-  return ok ? x : contiguous(x);
+  for (int64_t d = 0; d < 3 && ok; ++d) ok = x.stride(d) % per_16_bytes == 0;
+  return ok;
 }
+
+// x itself when the kernels can read it in place, else a contiguous copy.
+Tensor fused_layout(const Tensor& x) { return fused_addressable(x) ? x : contiguous(x); }
+
+// cuDNN's kernels take bf16 and f16; tandem's own take f32.
+bool use_cudnn(const Tensor& q, const Tensor& k, const Tensor& v) { return cuda::fused_attention_supported(q, k, v); }
 
 }  // namespace
 
 bool fused_attention_available(const Tensor& q, const Tensor& k, const Tensor& v) {
   check_attention_inputs(q, k, v);
-  return q.device().is_cuda() && cuda::fused_attention_supported(q, k, v);
+  return q.device().is_cuda() && (use_cudnn(q, k, v) || cuda::flash_attention_supported(q, k, v));
 }
 
 AttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
   TANDEM_CHECK_AS(ValueError, fused_attention_available(q, k, v), "fused attention: no fused kernel for q ",
                   shape_str(q.shape()), " ", q.dtype(), " on ", q.device(),
-                  " (expected cuda, bf16 or f16, head dim a multiple of 8 up to 128, last stride 1)");
+                  " (expected cuda; bf16 or f16 with a head dim that is a multiple of 8, or f32 with one that is a "
+                  "multiple of 4; at most 128)");
   TANDEM_CHECK_AS(ValueError, !causal || q.shape()[2] == k.shape()[2], "fused attention: a causal mask needs Tq == Tk, got ",
                   q.shape()[2], " and ", k.shape()[2]);
   const Shape& s = q.shape();
   AttentionForward f{empty_bthd(s, q.options()), empty({s[0], s[1], s[2], 1}, TensorOptions(DType::f32, q.device()))};
-  cuda::fused_attention_forward(fused_layout(q), fused_layout(k), fused_layout(v), f.out, f.lse, causal, scale);
+  auto forward = use_cudnn(q, k, v) ? cuda::fused_attention_forward : cuda::flash_attention_forward;
+  forward(fused_layout(q), fused_layout(k), fused_layout(v), f.out, f.lse, causal, scale);
   return f;
 }
 
 AttentionGrads fused_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                         const AttentionForward& forward, bool causal, double scale) {
-  TANDEM_CHECK_AS(ValueError, grad_out.shape() == q.shape(), "fused attention backward: grad_out ",
-                  shape_str(grad_out.shape()), " must have q's shape ", shape_str(q.shape()));
-  Tensor g = fused_layout(to_dtype(grad_out, q.dtype()));
   AttentionGrads grads{empty_bthd(q.shape(), q.options()), empty_bthd(k.shape(), k.options()),
                        empty_bthd(v.shape(), v.options())};
-  cuda::fused_attention_backward(g, fused_layout(q), fused_layout(k), fused_layout(v), forward.out, forward.lse, grads.q,
-                                 grads.k, grads.v, causal, scale);
+  fused_attention_backward_into(grad_out, q, k, v, forward, causal, scale, grads);
   return grads;
+}
+
+void fused_attention_backward_into(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const AttentionForward& forward, bool causal, double scale,
+                                   const AttentionGrads& grads) {
+  TANDEM_CHECK_AS(ValueError, grad_out.shape() == q.shape(), "fused attention backward: grad_out ",
+                  shape_str(grad_out.shape()), " must have q's shape ", shape_str(q.shape()));
+  const Tensor* inputs[] = {&q, &k, &v};
+  const Tensor* outputs[] = {&grads.q, &grads.k, &grads.v};
+  bool in_place = true;
+  for (int i = 0; i < 3; ++i) {
+    const Tensor& out = *outputs[i];
+    TANDEM_CHECK_AS(ValueError, out.shape() == inputs[i]->shape() && out.dtype() == q.dtype() && out.device() == q.device(),
+                    "fused attention backward: gradient of ", "qkv"[i], " ", shape_str(out.shape()), " ", out.dtype(),
+                    " on ", out.device(), " must be shaped like its input ", shape_str(inputs[i]->shape()), ", in ",
+                    q.dtype(), " on ", q.device());
+    in_place = in_place && fused_addressable(out);
+  }
+  if (!in_place) {  // computed into fresh tensors, then copied where they belong
+    AttentionGrads fresh = fused_attention_backward(grad_out, q, k, v, forward, causal, scale);
+    copy_(grads.q, fresh.q);
+    copy_(grads.k, fresh.k);
+    copy_(grads.v, fresh.v);
+    return;
+  }
+  Tensor g = fused_layout(to_dtype(grad_out, q.dtype()));
+  auto backward = use_cudnn(q, k, v) ? cuda::fused_attention_backward : cuda::flash_attention_backward;
+  backward(g, fused_layout(q), fused_layout(k), fused_layout(v), forward.out, forward.lse, grads.q, grads.k, grads.v,
+           causal, scale);
 }
 
 }  // namespace tandem::kernels

@@ -120,6 +120,16 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 void fused_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, const Tensor& grad_q, const Tensor& grad_k,
                               const Tensor& grad_v, bool causal, double scale);
+
+// tandem's own flash attention for f32 (core/cuda/flash_attention_{forward,backward}.cu): TF32
+// tensor cores under MatmulPrecision::high, 3xTF32 (about f32's accuracy) under highest. Same
+// arguments as above; supported for head dims D <= 128 with D % 4 == 0 and 16-byte aligned rows.
+bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v);
+void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                             bool causal, double scale);
+void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, const Tensor& grad_q, const Tensor& grad_k,
+                              const Tensor& grad_v, bool causal, double scale);
 }  // namespace cuda
 
 #undef TANDEM_BACKEND_KERNELS

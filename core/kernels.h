@@ -144,7 +144,8 @@ Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const T
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
 
-// ---- fused attention (core/attention.cpp): cuDNN's flash attention, CUDA bf16/f16 only ----
+// ---- fused attention (core/attention.cpp), CUDA only: cuDNN's flash attention for bf16/f16,
+// tandem's own flash-attention kernels for f32 ----
 // q (B, H, Tq, D), k and v (B, H, Tk, D) with any strides. Whether the fused path takes them
 // (otherwise scaled_dot_product_attention computes the attention matrix explicitly).
 bool fused_attention_available(const Tensor& q, const Tensor& k, const Tensor& v);
@@ -158,6 +159,11 @@ struct AttentionGrads {
 };
 AttentionGrads fused_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                         const AttentionForward& forward, bool causal, double scale);
+// The same into given tensors shaped like q, k and v (e.g. views into one packed gradient): written
+// in place where their last stride is 1 and their rows 16-byte aligned, else copied there.
+void fused_attention_backward_into(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const AttentionForward& forward, bool causal, double scale,
+                                   const AttentionGrads& grads);
 
 // ---- layer norm (core/layer_norm.cpp) ----
 // Normalises each row over x's last dim D (biased variance), then scales by weight and shifts by

@@ -39,14 +39,9 @@ CausalSelfAttention::CausalSelfAttention(const GPT2Config& config, TensorOptions
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   TANDEM_CHECK_AS(ValueError, x.dim() == 3, "CausalSelfAttention: input ", shape_str(x.shape()),
                   " should be (B, T, C)");
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head, D = C / H;
-  Tensor qkv = (*c_attn)(x);                                                 // (B, T, 3 C)
-  Tensor heads = permute(view(qkv, {B, T, 3, H, D}), {2, 0, 3, 1, 4});       // (3, B, H, T, D) view
-  Tensor q = squeeze(narrow(heads, 0, 0, 1), 0);                             // (B, H, T, D) view
-  Tensor k = squeeze(narrow(heads, 0, 1, 1), 0);                             // (B, H, T, D) view
-  Tensor v = squeeze(narrow(heads, 0, 2, 1), 0);                             // (B, H, T, D) view
-  Tensor y = scaled_dot_product_attention(q, k, v, /*is_causal=*/true);      // (B, H, T, D)
-  return (*c_proj)(reshape(transpose(y, 1, 2), {B, T, C}));                  // (B, T, C)
+  Tensor qkv = (*c_attn)(x);                                       // (B, T, 3 C): q, k, v side by side
+  Tensor y = packed_qkv_attention(qkv, n_head, /*is_causal=*/true);  // (B, T, C), heads merged
+  return (*c_proj)(y);                                             // (B, T, C)
 }
 
 GPT2MLP::GPT2MLP(const GPT2Config& config, TensorOptions options) {

@@ -12,7 +12,10 @@ convolutions always go through cuDNN's graph API (Conv_v8.cpp). Its execution-pl
 without the benchmark flag, so a benchmark pass in the same process would reuse the heuristic
 pass's plans: the benchmark pass runs in a fresh process.
 
-Usage: kernels.py [--conv-only] [--conv-pass both|heuristic|benchmark]"""
+Attention: GPT-2's causal self-attention through F.scaled_dot_product_attention, forward and
+forward + backward, f32 with TF32 allowed ("_tf32"), f32 without, and bf16, as gpu_kernels does.
+
+Usage: kernels.py [--conv-only | --attention-only] [--conv-pass both|heuristic|benchmark]"""
 import argparse
 import json
 import subprocess
@@ -136,6 +139,7 @@ def resnet18_convs(dev, passes):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--conv-only", action="store_true", help="only the convolutions")
+    parser.add_argument("--attention-only", action="store_true", help="only the attention")
     parser.add_argument("--conv-pass", choices=["both", "heuristic", "benchmark"], default="both",
                         help="cudnn.benchmark off, on, or both (on in a fresh process)")
     args = parser.parse_args()
@@ -143,8 +147,12 @@ def main():
     if args.conv_pass != "benchmark":
         emit("versions", 0.0, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
              device=torch.cuda.get_device_name(dev))
+    if args.attention_only:
+        attention(dev)
+        return
     if not args.conv_only:
         other_kernels(dev)
+        attention(dev)
     if args.conv_pass in ("both", "heuristic"):
         resnet18_convs(dev, [False])
     if args.conv_pass == "benchmark":
@@ -183,6 +191,30 @@ def other_kernels(dev):
     x16, y16 = x.bfloat16(), y.bfloat16()
     emit("matmul8192_bf16", median_ms(lambda: torch.matmul(x16, y16)), flops=flops)
     del x, y, x16, y16
+
+
+
+def attention(dev):
+    b, h, t, d = 8, 12, 1024, 64
+    fwd_flops = 2.0 * b * h * t * t * d  # two (T x T x D) products, half of them masked
+    packed = torch.randn(b, t, 3, h, d, device=dev)  # (B, T, 3, H, D)
+    grad = torch.randn(b, h, t, d, device=dev)
+    for name, dtype, tf32 in (("tf32", torch.float32, True), ("f32", torch.float32, False),
+                              ("bf16", torch.bfloat16, False)):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        x = packed.to(dtype).requires_grad_()
+        g = grad.to(dtype)
+        q, k, v = (x[:, :, i].permute(0, 2, 1, 3) for i in range(3))
+        with torch.no_grad():
+            emit(f"attention_gpt2_fwd_{name}",
+                 median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), flops=fwd_flops)
+
+        def step():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out.backward(g)
+            x.grad = None
+        emit(f"attention_gpt2_fwdbwd_{name}", median_ms(step), flops=3.5 * fwd_flops)
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 
 if __name__ == "__main__":

@@ -113,5 +113,13 @@ void fused_attention_backward(const Tensor&, const Tensor&, const Tensor&, const
                               const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
   no_cuda("fused_attention_backward");
 }
+bool flash_attention_supported(const Tensor&, const Tensor&, const Tensor&) { return false; }
+void flash_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
+  no_cuda("flash_attention_forward");
+}
+void flash_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
+  no_cuda("flash_attention_backward");
+}
 
 }  // namespace tandem::cuda

@@ -82,6 +82,30 @@ TEST(GradcheckAttention, ViewsOfAPackedProjection) {
       (Inputs{qkv}));
 }
 
+TEST(GradcheckAttention, PackedQkv) {
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    auto qkv = random_leaf({2, 4, 3 * 2 * 3});  // (B, T, 3 C) with H = 2, D = 3
+    EXPECT_GRADCHECK([causal](const Inputs& x) { return packed_qkv_attention(x[0], 2, causal); }, (Inputs{qkv}));
+  }
+}
+
+// packed_qkv_attention is the split, attend and merge of the test above, value for value.
+TEST(Attention, PackedQkvEqualsSplitAttendMerge) {
+  Tensor qkv = testing::random_tensor({2, 5, 3 * 4 * 2});  // H = 4, D = 2
+  Tensor packed = view(qkv, {2, 5, 3, 4, 2});
+  auto head = [&](int64_t i) { return permute(squeeze(narrow(packed, 2, i, 1), 2), {0, 2, 1, 3}); };
+  Tensor split = reshape(transpose(scaled_dot_product_attention(head(0), head(1), head(2), true, 0.4), 1, 2), {2, 5, 8});
+  EXPECT_TRUE(testing::all_close(packed_qkv_attention(qkv, 4, true, 0.4), split, 0, 0));
+}
+
+TEST(Attention, PackedQkvRejectsBadShapes) {
+  Tensor qkv = testing::random_tensor({2, 5, 24});
+  EXPECT_TRUE(testing::throws_with<ValueError>([&] { packed_qkv_attention(qkv, 5); }, {"(B, T, 3 C)", "n_head = 5"}));
+  EXPECT_TRUE(testing::throws_with<ValueError>([&] { packed_qkv_attention(view(qkv, {10, 24}), 2); },
+                                               {"packed_qkv_attention", "[10, 24]"}));
+}
+
 TEST(Attention, RejectsMismatchedShapes) {
   Tensor q = testing::random_tensor({1, 2, 3, 4}), k = testing::random_tensor({1, 2, 5, 4});
   EXPECT_TRUE(testing::throws_with<ValueError>([&] { scaled_dot_product_attention(q, k, k, true); },
