@@ -270,22 +270,38 @@ void softmax_backward_typed(const Tensor& grad, const Tensor& y, const Tensor& o
   check_launch("softmax_backward");
 }
 
-// One block per row of logits (N, C). An out-of-range target (other than ignore_index) gives a
+// One block per row of logits (N, C), read V elements at a time (16-byte loads when C % V == 0 and
+// the rows are aligned; V = 1 otherwise). An out-of-range target (other than ignore_index) gives a
 // NaN loss for its row: a device kernel cannot raise, and NaN cannot go unnoticed.
-template <typename T>
+template <typename T, int V>
 __global__ void cross_entropy_forward_rows(const T* __restrict__ logits, const int64_t* __restrict__ target,
                                            stat_t<acc_t<T>>* losses, stat_t<acc_t<T>>* lse_out, int64_t classes,
                                            int64_t ignore_index, double smoothing) {
   using A = stat_t<acc_t<T>>;
-  const T* x = logits + blockIdx.x * classes;
-  Online<A> state;
-  A total = 0;
-  for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
-    A v = static_cast<A>(to_acc(x[j]));
-    state.add(v);
-    total += v;
+  const T* x = logits + blockIdx.x * classes;                               // (C,)
+  const Packed<T, V>* packs = reinterpret_cast<const Packed<T, V>*>(x);  // (C / V,)
+  // Each thread keeps a running max and sum of exp(x - max), rescaled once per vector.
+  A m = -std::numeric_limits<A>::infinity(), s = 0, total = 0;
+  for (int64_t j = threadIdx.x; j < classes / V; j += blockDim.x) {
+    const Packed<T, V> p = packs[j];
+    A v[V];
+    A local = -std::numeric_limits<A>::infinity();
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      v[k] = static_cast<A>(to_acc(p.v[k]));
+      local = max(local, v[k]);
+      total += v[k];
+    }
+    if (local == -std::numeric_limits<A>::infinity()) continue;  // contributes exp(-inf) = 0
+    if (local > m) {
+      s *= exp(m - local);  // exp(-inf) is 0 for the first vector
+      m = local;
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) s += exp(v[k] - m);
   }
-  A lse = block_logsumexp(state);
+  const A row_max = block_max(m);
+  const A lse = row_max + log(block_sum(m == -std::numeric_limits<A>::infinity() ? A(0) : s * exp(m - row_max)));
   total = block_sum(total);
   if (threadIdx.x != 0) return;
   lse_out[blockIdx.x] = lse;
@@ -300,28 +316,40 @@ __global__ void cross_entropy_forward_rows(const T* __restrict__ logits, const i
   }
 }
 
-template <typename T>
+// dx = row_grad * (softmax(x) - y), y the (smoothed) one-hot target; V elements at a time.
+template <typename T, int V>
 __global__ void cross_entropy_backward_rows(const T* __restrict__ logits, const int64_t* __restrict__ target,
                                             const stat_t<acc_t<T>>* lse, const stat_t<acc_t<T>>* row_grad,
                                             T* __restrict__ dx, int64_t classes, int64_t ignore_index,
                                             double smoothing) {
   using A = stat_t<acc_t<T>>;
   const int64_t row = blockIdx.x;
-  const T* x = logits + row * classes;
-  T* d = dx + row * classes;
-  int64_t t = target[row];
-  if (t == ignore_index) {
-    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) d[j] = cast_to<T>(A(0));
-    return;
+  const Packed<T, V>* x = reinterpret_cast<const Packed<T, V>*>(logits + row * classes);  // (C / V,)
+  Packed<T, V>* d = reinterpret_cast<Packed<T, V>*>(dx + row * classes);                // (C / V,)
+  const int64_t t = target[row];
+  const bool ignored = t == ignore_index;
+  const A g = ignored ? A(0) : row_grad[row], l = lse[row];
+  const A eps = static_cast<A>(smoothing);
+  const A uniform = eps / static_cast<A>(classes);
+  for (int64_t j = threadIdx.x; j < classes / V; j += blockDim.x) {
+    const Packed<T, V> p = x[j];
+    Packed<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = j * V + k;
+      const A y = uniform + (c == t ? A(1) - eps : A(0));
+      out.v[k] = cast_to<T>(ignored ? A(0) : g * (exp(static_cast<A>(to_acc(p.v[k])) - l) - y));
+    }
+    d[j] = out;
   }
-  A g = row_grad[row], l = lse[row];
-  A eps = static_cast<A>(smoothing);
-  A uniform = eps / static_cast<A>(classes);
-  for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
-    A p = exp(static_cast<A>(to_acc(x[j])) - l);
-    A y = uniform + (j == t ? A(1) - eps : A(0));
-    d[j] = cast_to<T>(g * (p - y));
-  }
+}
+
+// Elements per load for rows of `classes` at x (and out): 16 bytes' worth where they allow.
+template <typename T>
+int cross_entropy_vector(const void* x, const void* out, int64_t classes) {
+  constexpr int V = 16 / sizeof(T);
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && (!out || reinterpret_cast<uintptr_t>(out) % 16 == 0);
+  return V > 1 && classes % V == 0 && aligned ? V : 1;
 }
 }  // namespace
 
@@ -344,7 +372,10 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& target, const Ten
     if (n == 0) return;
     NvtxRange range("cross_entropy");
     DeviceGuard guard(logits.device().index);
-    cross_entropy_forward_rows<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream_of(logits)>>>(
+    constexpr int V = 16 / sizeof(T);
+    const bool vectorised = cross_entropy_vector<T>(logits.data_ptr(), nullptr, c) == V;
+    auto kernel = vectorised ? cross_entropy_forward_rows<T, V> : cross_entropy_forward_rows<T, 1>;
+    kernel<<<static_cast<unsigned>(n), row_threads(vectorised ? c / V : c), 0, stream_of(logits)>>>(
         device_ptr<const T>(logits), device_ptr<const int64_t>(target), device_ptr<A>(losses), device_ptr<A>(lse), c,
         ignore_index, smoothing);
     check_launch("cross_entropy");
@@ -360,7 +391,10 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Te
     if (n == 0) return;
     NvtxRange range("cross_entropy_backward");
     DeviceGuard guard(logits.device().index);
-    cross_entropy_backward_rows<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream_of(logits)>>>(
+    constexpr int V = 16 / sizeof(T);
+    const bool vectorised = cross_entropy_vector<T>(logits.data_ptr(), out.data_ptr(), c) == V;
+    auto kernel = vectorised ? cross_entropy_backward_rows<T, V> : cross_entropy_backward_rows<T, 1>;
+    kernel<<<static_cast<unsigned>(n), row_threads(vectorised ? c / V : c), 0, stream_of(logits)>>>(
         device_ptr<const T>(logits), device_ptr<const int64_t>(target), device_ptr<const A>(lse),
         device_ptr<const A>(row_grad), device_ptr<T>(out), c, ignore_index, smoothing);
     check_launch("cross_entropy_backward");
