@@ -1,9 +1,10 @@
 // CUDA layer norm over the last dim of contiguous (rows, D) tensors, statistics in f32 (f64 for
 // f64). One warp per row: the forward keeps a short row in registers (16-byte loads when D and
 // the pointers allow), so it reads x once and writes out once. The backward computes dx per row
-// and sums dy * xhat and dy per column into each warp's own shared-memory slice; a block adds its
-// warps' slices in order into one f32 partial row, and a second kernel adds the blocks' partial
-// rows in order. No atomics: the weight and bias gradients are the same bits on every run.
+// and sums dy * xhat and dy per column (in registers for short rows, else into each warp's own
+// shared-memory slice); a block adds its warps' sums in order into one f32 partial row, and a
+// second kernel adds the blocks' partial rows in order. No atomics: the weight and bias gradients
+// are the same bits on every run.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -127,6 +128,22 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
   }
 }
 
+// The block's column sums: the warps' slices of shared (warps, 2, D) added in warp order into
+// row blockIdx.x of partial_dw and partial_db (gridDim.x, D).
+template <typename S>
+__device__ void store_block_partials(const S* shared, int64_t d, S* partial_dw, S* partial_db) {
+  const int warps = blockDim.y;
+  for (int64_t c = threadIdx.y * 32 + threadIdx.x; c < d; c += static_cast<int64_t>(warps) * 32) {
+    S dw = 0, db = 0;
+    for (int w = 0; w < warps; ++w) {
+      dw += shared[static_cast<int64_t>(w) * 2 * d + c];
+      db += shared[static_cast<int64_t>(w) * 2 * d + d + c];
+    }
+    partial_dw[static_cast<int64_t>(blockIdx.x) * d + c] = dw;
+    partial_db[static_cast<int64_t>(blockIdx.x) * d + c] = db;
+  }
+}
+
 // dx per row (one warp per row, rows strided over the grid); with partial_* set, also this
 // block's column sums of dy * xhat and dy into partial_dw, partial_db (gridDim.x, D), through
 // shared memory (warps, 2, D) in S.
@@ -189,15 +206,80 @@ __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T
   }
   if (!columns) return;
   __syncthreads();
-  for (int64_t c = threadIdx.y * 32 + lane; c < d; c += static_cast<int64_t>(warps) * 32) {
-    S dw = 0, db = 0;
-    for (int w = 0; w < warps; ++w) {
-      dw += shared[static_cast<int64_t>(w) * 2 * d + c];
-      db += shared[static_cast<int64_t>(w) * 2 * d + d + c];
-    }
-    partial_dw[static_cast<int64_t>(blockIdx.x) * d + c] = dw;
-    partial_db[static_cast<int64_t>(blockIdx.x) * d + c] = db;
+  store_block_partials(shared, d, partial_dw, partial_db);
+}
+
+// Register-resident variant for rows of at most 32 * V * kItems elements (GPT-2's 768 in bf16 is
+// three 16-byte vectors per lane): each row of dy and x is read once, and this warp's column sums
+// stay in registers until its rows are done; only then do they go through shared memory.
+template <typename T, int V, int kItems>
+__global__ void __launch_bounds__(kMaxBackwardWarps * 32)
+    layer_norm_backward_rows_in_registers(const T* __restrict__ grad_out, const T* __restrict__ x,
+                                          const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
+                                          const stat_t<acc_t<T>>* __restrict__ rstd, T* __restrict__ grad_x,
+                                          stat_t<acc_t<T>>* __restrict__ partial_dw,
+                                          stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d) {
+  using S = stat_t<acc_t<T>>;
+  const int lane = threadIdx.x, warps = blockDim.y;
+  const bool columns = partial_dw != nullptr;
+  const int64_t vectors = d / V;
+  const S inv_d = S(1) / static_cast<S>(d);
+  auto owned = [&](int i) { return lane + 32 * i < vectors; };  // this lane's i-th vector exists
+  S wv[kItems][V];                          // the weight, or ones
+  S dw[kItems][V] = {}, db[kItems][V] = {};  // this lane's columns of sum(dy * xhat), sum(dy)
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    if (owned(i) && weight) load_vector<T, V>(weight, lane + 32 * i, wv[i]);
+#pragma unroll
+    for (int k = 0; k < V; ++k) if (!weight) wv[i][k] = S(1);
   }
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.y; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * warps) {
+    const S mu = mean[row], rs = rstd[row];
+    S gv[kItems][V], xhat[kItems][V];
+    S sum_g = 0, sum_gx = 0;
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      if (!owned(i)) continue;
+      load_vector<T, V>(grad_out + row * d, lane + 32 * i, gv[i]);
+      load_vector<T, V>(x + row * d, lane + 32 * i, xhat[i]);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        xhat[i][k] = (xhat[i][k] - mu) * rs;
+        const S g = gv[i][k] * wv[i][k];
+        sum_g += g;
+        sum_gx += g * xhat[i][k];
+      }
+    }
+    const S a = warp_sum(sum_g) * inv_d, b = warp_sum(sum_gx) * inv_d;
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      if (!owned(i)) continue;
+      Packed<T, V> pack;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        pack.v[k] = cast_to<T>(rs * (gv[i][k] * wv[i][k] - a - xhat[i][k] * b));
+        dw[i][k] += gv[i][k] * xhat[i][k];
+        db[i][k] += gv[i][k];
+      }
+      reinterpret_cast<Packed<T, V>*>(grad_x + row * d)[lane + 32 * i] = pack;
+    }
+  }
+  if (!columns) return;
+  extern __shared__ unsigned char shared_raw[];
+  S* shared = reinterpret_cast<S*>(shared_raw);  // (warps, 2, D)
+  S* my_dw = shared + static_cast<int64_t>(threadIdx.y) * 2 * d;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    if (!owned(i)) continue;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      my_dw[(lane + 32 * i) * V + k] = dw[i][k];
+      my_dw[d + (lane + 32 * i) * V + k] = db[i][k];
+    }
+  }
+  __syncthreads();
+  store_block_partials(shared, d, partial_dw, partial_db);
 }
 
 // Column sums for rows too wide for shared memory: block (32, 8) covers 32 columns; blockIdx.y
@@ -344,7 +426,14 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   const size_t shared = in_shared ? warps * slice : 0;
   S* shared_dw = in_shared ? pdw : nullptr;
   S* shared_db = in_shared ? pdb : nullptr;
-  if (vectorised) {
+  const int64_t per_item = 32 * V;
+  if (vectorised && (!columns || in_shared) && d <= 4 * per_item) {
+    auto kernel = d <= per_item       ? layer_norm_backward_rows_in_registers<T, V, 1>
+                  : d <= 2 * per_item ? layer_norm_backward_rows_in_registers<T, V, 2>
+                  : d <= 3 * per_item ? layer_norm_backward_rows_in_registers<T, V, 3>  // 768 in 16 bits
+                                      : layer_norm_backward_rows_in_registers<T, V, 4>;
+    kernel<<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pdx, shared_dw, shared_db, rows, d);
+  } else if (vectorised) {
     layer_norm_backward_rows<T, V>
         <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pdx, shared_dw, shared_db, rows, d);
   } else {
