@@ -10,6 +10,13 @@ namespace tandem {
 using autograd::record;
 using autograd::saved;
 
+namespace {
+// A 2-D view whose transpose is contiguous: t(W) for a contiguous W.
+bool is_transposed_matrix(const Tensor& x) {
+  return x.dim() == 2 && !x.is_contiguous() && views::transpose(x, 0, 1).is_contiguous();
+}
+}  // namespace
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor out = kernels::matmul(a, b);
   bool need_a = a.requires_grad(), need_b = b.requires_grad();
@@ -27,8 +34,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                     ga = views::reshape(kernels::sum_to(ga, a2.shape()), sa.shape());
                   }
                   if (need_b) {
-                    gb = kernels::matmul(views::transpose(a2, -1, -2), g2);
-                    gb = views::reshape(kernels::sum_to(gb, b2.shape()), sb.shape());
+                    if (is_transposed_matrix(sb) && a2.dim() == 2 && g2.dim() == 2) {
+                      // b is the transpose of a contiguous weight (a tied output head): its gradient
+                      // is computed as (g^T a)^T, so it reaches the weight contiguous.
+                      gb = views::transpose(kernels::matmul(views::transpose(g2, 0, 1), a2), 0, 1);
+                    } else {
+                      gb = kernels::matmul(views::transpose(a2, -1, -2), g2);
+                      gb = views::reshape(kernels::sum_to(gb, b2.shape()), sb.shape());
+                    }
                   }
                   return {ga, gb};
                 });

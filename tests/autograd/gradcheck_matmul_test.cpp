@@ -30,6 +30,16 @@ TEST(GradcheckMatmul, TransposedOperands) {
                    (Inputs{random_leaf({3, 8}), random_leaf({4, 2})}));
 }
 
+// A product with t(W), as a tied output head computes it: W's gradient arrives contiguous, so
+// accumulating it (beside the embedding's) is a plain add; it equals g^T x.
+TEST(GradcheckMatmul, GradientOfATransposedWeightIsContiguous) {
+  Tensor w = random_leaf({5, 3});
+  Tensor x = testing::random_tensor({4, 3}), g = testing::random_tensor({4, 5});
+  sum(mul(matmul(x, t(w)), g)).backward();
+  EXPECT_TRUE(w.grad().is_contiguous());
+  EXPECT_TRUE(testing::all_close(w.grad(), matmul(transpose(g, 0, 1), x), 1e-12, 1e-12));
+}
+
 TEST(GradcheckMatmul, Batched) {
   EXPECT_GRADCHECK(mm, (Inputs{random_leaf({2, 3, 4}), random_leaf({2, 4, 2})}));
   EXPECT_GRADCHECK(mm, (Inputs{random_transposed_leaf({2, 3, 4}), random_transposed_leaf({2, 4, 2})}));
