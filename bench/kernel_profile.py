@@ -6,10 +6,11 @@ ncu runs the kernels one at a time (no overlap between streams) and adds no coun
 duration, so each kernel's time is close to what it takes alone; the clocks are left as they are
 (--clock-control none) and caches are not flushed between kernels (--cache-control none).
 
-Usage: python3 bench/kernel_profile.py [--top N] [--csv OUT.csv] -- COMMAND [ARGS...]
-  e.g. python3 bench/kernel_profile.py -- build-gpu/bench/train_step --workload gpt2 --precision bf16 \\
-           --warmup 1 --steps 1
-The times cover every kernel the command launched, warm-up steps included."""
+Usage: python3 bench/kernel_profile.py [--top N] [--csv OUT.csv] [--marked] -- COMMAND [ARGS...]
+  --marked   only the kernels between the command's cuda::profiler_start() and profiler_stop()
+             (train_step marks its timed steps); otherwise every kernel the command launched
+  e.g. python3 bench/kernel_profile.py --marked -- build-gpu/bench/train_step --workload gpt2 \\
+           --precision bf16 --warmup 2 --steps 1"""
 import argparse
 import collections
 import csv
@@ -35,11 +36,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--csv", help="also keep ncu's raw CSV here")
+    parser.add_argument("--marked", action="store_true", help="only between cudaProfilerStart and Stop")
     args = parser.parse_args(argv[:split])
     command = argv[split + 1:]
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    marked = ["--profile-from-start", "off"] if args.marked else []
     proc = subprocess.run([ncu, "--clock-control", "none", "--cache-control", "none", "--metrics",
-                           "gpu__time_duration.sum", "--csv", "--print-units", "base"] + command,
+                           "gpu__time_duration.sum", "--csv", "--print-units", "base"] + marked + command,
                           capture_output=True, text=True)
     text = proc.stdout
     if args.csv:

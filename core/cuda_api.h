@@ -10,6 +10,10 @@ bool is_built();     // this build has the CUDA backend
 int device_count();  // 0 when built without CUDA or when no GPU is visible
 bool is_available();  // is_built() && device_count() > 0
 void synchronize(int device = 0);  // waits for all work tandem queued on the device
+// Marks the span a profiler started with "profile from start off" records (ncu
+// --profile-from-start off, nsys --capture-range=cudaProfilerApi); no-ops without CUDA.
+void profiler_start();
+void profiler_stop();
 
 // The caching allocator's figures for one device, in bytes.
 struct MemoryStats {

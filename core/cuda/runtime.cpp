@@ -1,5 +1,7 @@
 #include "tandem/core/cuda/runtime.h"
 
+#include <cuda_profiler_api.h>
+
 #include <mutex>
 #include <vector>
 
@@ -110,5 +112,8 @@ void synchronize(int device) {
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(compute_stream(device)));
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
 }
+
+void profiler_start() { TANDEM_CUDA_CHECK(cudaProfilerStart()); }
+void profiler_stop() { TANDEM_CUDA_CHECK(cudaProfilerStop()); }
 
 }  // namespace tandem::cuda

@@ -15,6 +15,8 @@ bool is_built() { return false; }
 int device_count() { return 0; }
 bool is_available() { return false; }
 void synchronize(int) { no_cuda("synchronize"); }
+void profiler_start() {}
+void profiler_stop() {}
 
 MemoryStats memory_stats(int) { no_cuda("memory_stats"); }
 size_t memory_allocated(int) { no_cuda("memory_allocated"); }
