@@ -213,7 +213,7 @@ __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T
 // three 16-byte vectors per lane): each row of dy and x is read once, and this warp's column sums
 // stay in registers until its rows are done; only then do they go through shared memory.
 template <typename T, int V, int kItems>
-__global__ void __launch_bounds__(kMaxBackwardWarps * 32)
+__global__ void __launch_bounds__(kMaxBackwardWarps * 32, 2)  // two blocks (16 warps) per SM hide latency
     layer_norm_backward_rows_in_registers(const T* __restrict__ grad_out, const T* __restrict__ x,
                                           const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
                                           const stat_t<acc_t<T>>* __restrict__ rstd, T* __restrict__ grad_x,
@@ -225,14 +225,7 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32)
   const int64_t vectors = d / V;
   const S inv_d = S(1) / static_cast<S>(d);
   auto owned = [&](int i) { return lane + 32 * i < vectors; };  // this lane's i-th vector exists
-  S wv[kItems][V];                          // the weight, or ones
   S dw[kItems][V] = {}, db[kItems][V] = {};  // this lane's columns of sum(dy * xhat), sum(dy)
-#pragma unroll
-  for (int i = 0; i < kItems; ++i) {
-    if (owned(i) && weight) load_vector<T, V>(weight, lane + 32 * i, wv[i]);
-#pragma unroll
-    for (int k = 0; k < V; ++k) if (!weight) wv[i][k] = S(1);
-  }
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.y; row < rows;
        row += static_cast<int64_t>(gridDim.x) * warps) {
     const S mu = mean[row], rs = rstd[row];
@@ -243,10 +236,12 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32)
       if (!owned(i)) continue;
       load_vector<T, V>(grad_out + row * d, lane + 32 * i, gv[i]);
       load_vector<T, V>(x + row * d, lane + 32 * i, xhat[i]);
+      S wv[V];  // the weight, read again per row from L1 rather than held in registers
+      if (weight) load_vector<T, V>(weight, lane + 32 * i, wv);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         xhat[i][k] = (xhat[i][k] - mu) * rs;
-        const S g = gv[i][k] * wv[i][k];
+        const S g = weight ? gv[i][k] * wv[k] : gv[i][k];
         sum_g += g;
         sum_gx += g * xhat[i][k];
       }
@@ -255,10 +250,13 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32)
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       if (!owned(i)) continue;
+      S wv[V];
+      if (weight) load_vector<T, V>(weight, lane + 32 * i, wv);
       Packed<T, V> pack;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        pack.v[k] = cast_to<T>(rs * (gv[i][k] * wv[i][k] - a - xhat[i][k] * b));
+        const S g = weight ? gv[i][k] * wv[k] : gv[i][k];
+        pack.v[k] = cast_to<T>(rs * (g - a - xhat[i][k] * b));
         dw[i][k] += gv[i][k] * xhat[i][k];
         db[i][k] += gv[i][k];
       }
@@ -427,11 +425,10 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   S* shared_dw = in_shared ? pdw : nullptr;
   S* shared_db = in_shared ? pdb : nullptr;
   const int64_t per_item = 32 * V;
-  if (vectorised && (!columns || in_shared) && d <= 4 * per_item) {
+  if (vectorised && (!columns || in_shared) && d <= 3 * per_item) {  // up to 768 in 16 bits (4 would spill)
     auto kernel = d <= per_item       ? layer_norm_backward_rows_in_registers<T, V, 1>
                   : d <= 2 * per_item ? layer_norm_backward_rows_in_registers<T, V, 2>
-                  : d <= 3 * per_item ? layer_norm_backward_rows_in_registers<T, V, 3>  // 768 in 16 bits
-                                      : layer_norm_backward_rows_in_registers<T, V, 4>;
+                                      : layer_norm_backward_rows_in_registers<T, V, 3>;
     kernel<<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pdx, shared_dw, shared_db, rows, d);
   } else if (vectorised) {
     layer_norm_backward_rows<T, V>

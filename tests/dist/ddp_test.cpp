@@ -16,7 +16,9 @@ namespace {
 
 using dist::DistributedDataParallel;
 
-Device test_device() { return dist::world().device; }
+// This rank's GPU when it has an NCCL group, else the CPU (no GPU, or more ranks than GPUs on the
+// node, as with mpirun -np 2 on one GPU: then DDP runs over MPI).
+Device test_device() { return dist::world().gpu_group ? dist::world().device : Device("cpu"); }
 
 // These tests describe two ranks; the np 1 runs of the suite skip them.
 #define REQUIRE_TWO_RANKS()                                                              \
