@@ -105,6 +105,15 @@ int run(const Config& cfg) {
   const bool lead = world.rank == 0;
   Device device = cfg.device == "auto" ? world.device : Device(cfg.device);
   if (device.is_cuda() && world.device.is_cuda()) device = world.device;  // each rank its own GPU
+  if (cfg.device == "auto" && device.is_cuda() && world.size > 1 && !world.gpu_group) {
+    // More ranks than GPUs on a node (mpirun -np 2 on one GPU): NCCL needs a GPU per rank, so
+    // the ranks train on the CPU over MPI instead.
+    if (lead) {
+      std::fprintf(stderr, "fashion_mnist: %d ranks but no GPU per rank on this node: training on the CPU (start as "
+                   "many ranks as GPUs, e.g. TANDEM_RANKS=1, to train on the GPU)\n", world.size);
+    }
+    device = Device("cpu");
+  }
   TANDEM_CHECK_AS(ValueError, cfg.batch_size % world.size == 0, "--batch-size ", cfg.batch_size,
                   " must divide evenly across ", world.size, " ranks");
   const int64_t local_batch = cfg.batch_size / world.size;
