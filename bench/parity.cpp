@@ -11,6 +11,7 @@
 //   W_grads.safetensors  PyTorch's gradients of the first step
 //   W_after.safetensors  the state after the last step
 //   W_after64.safetensors  the state after the last step of the same training in f64
+//   W_grads64.safetensors  the first step's gradients of that f64 training
 // and with --save this writes tandem's state after the last step to W_tandem_after.safetensors.
 //
 // Both frameworks run in f32 without TF32, the model in training mode (batch norm uses batch
@@ -116,6 +117,7 @@ struct Result {
   std::vector<double> loss_tandem, loss_torch;  // (steps,)
   double loss_err = 0;
   double grad_err = 0;     // the largest err of a first-step gradient
+  double tandem_grad_f64 = 0, torch_grad_f64 = 0;  // the largest err of each framework's from the f64 gradients
   std::string worst_name;  // the tensor of the final state with the largest err
   double worst_err = 0;
   int64_t tensors = 0;
@@ -132,12 +134,13 @@ Result check_workload(const std::string& dir, const std::string& name, Device de
   r.workload = name;
   const std::string init_path = path_of(dir, name, "init"), batch_path = path_of(dir, name, "batch"),
                     after_path = path_of(dir, name, "after"), grads_path = path_of(dir, name, "grads"),
-                    after64_path = path_of(dir, name, "after64");
+                    after64_path = path_of(dir, name, "after64"), grads64_path = path_of(dir, name, "grads64");
   const SafetensorsFile init = load_safetensors(init_path);
   const SafetensorsFile batch_file = load_safetensors(batch_path);
   const SafetensorsFile after = load_safetensors(after_path);
   const SafetensorsFile grads = load_safetensors(grads_path);
   const SafetensorsFile after64 = load_safetensors(after64_path);
+  const SafetensorsFile grads64 = load_safetensors(grads64_path);
   const bench::WorkloadOptions spec = workload_from(init, init_path);
   TANDEM_CHECK_AS(ValueError, spec.name == name, init_path, ": holds workload '", spec.name, "', expected '", name,
                   "'");
@@ -171,6 +174,9 @@ Result check_workload(const std::string& dir, const std::string& name, Device de
                         "' got no gradient in the first step");
         const double err = relative_error(param.grad(), grads.at(param_name));
         r.grad_err = std::max(r.grad_err, err);
+        const Tensor& exact = grads64.at(param_name);
+        r.tandem_grad_f64 = std::max(r.tandem_grad_f64, relative_error(param.grad(), exact));
+        r.torch_grad_f64 = std::max(r.torch_grad_f64, relative_error(to(grads.at(param_name), device), exact));
         if (err > rtol) {
           ++r.grads_over;
           std::printf("  %s: gradient of %s err %.3g > %.0e\n", name.c_str(), param_name.c_str(), err, rtol);
@@ -266,10 +272,10 @@ int main(int argc, char** argv) {
 
   std::printf("\nparity on %s, rtol %.0e (err = max|tandem - torch| / max|torch| per tensor)\n", device_name.c_str(),
               rtol);
-  std::printf("%-9s %10s | %-26s %-26s %8s | %8s | %7s %8s  %-28s %9s %10s %17s | %-10s %-10s %s\n",
-              "workload", "params", "losses tandem", "losses torch", "loss err", "grad err", "tensors", "worst err",
-              "worst tensor", ">rtol (x64)", "state L2", "f64: tandem torch", "first step", "3 steps L2",
-              "3 steps strict");
+  std::printf("%-9s %10s | %-26s %-26s %8s | %8s %17s | %7s %8s  %-28s %9s %10s %17s | %-10s %-10s %s\n",
+              "workload", "params", "losses tandem", "losses torch", "loss err", "grad err", "f64: tandem torch",
+              "tensors", "worst err", "worst tensor", ">rtol (x64)", "state L2", "f64: tandem torch", "first step",
+              "3 steps L2", "3 steps strict");
   bool all = true;
   for (const Result& r : results) {
     auto join = [](const std::vector<double>& v) {
@@ -283,15 +289,17 @@ int main(int argc, char** argv) {
     };
     char over[32];
     std::snprintf(over, sizeof over, "%lld (%.1f)", static_cast<long long>(r.state_over), r.worst_ratio);
-    std::printf("%-9s %10lld | %-26s %-26s %8.1e | %8.1e | %7lld %8.1e  %-28s %9s %10.1e %8.1e %8.1e | %-10s %-10s %s\n",
+    std::printf("%-9s %10lld | %-26s %-26s %8.1e | %8.1e %8.1e %8.1e | %7lld %8.1e  %-28s %9s %10.1e %8.1e %8.1e | %-10s "
+                "%-10s %s\n",
                 r.workload.c_str(), static_cast<long long>(r.params), join(r.loss_tandem).c_str(),
-                join(r.loss_torch).c_str(), r.loss_err, r.grad_err, static_cast<long long>(r.tensors), r.worst_err,
+                join(r.loss_torch).c_str(), r.loss_err, r.grad_err, r.tandem_grad_f64, r.torch_grad_f64,
+                static_cast<long long>(r.tensors), r.worst_err,
                 r.worst_name.c_str(), over, r.state_l2, r.tandem_l2_f64, r.torch_l2_f64,
                 r.pass_first_step ? "PASS" : "FAIL", r.pass_l2 ? "PASS" : "FAIL", r.pass_strict ? "PASS" : "FAIL");
     all = all && (check == "strict" ? r.pass_strict : check == "l2" ? r.pass_l2 : r.pass_first_step);
   }
-  std::printf("loss err: first step; grad err: largest over the first step's gradients; worst err: over the final "
-              "state;\n>rtol (x64): final-state tensors beyond rtol, with the largest ratio of tandem's to PyTorch's "
+  std::printf("loss err: first step; grad err: largest over the first step's gradients (then each framework's from "
+              "PyTorch's f64 gradients); worst err: over the final state;\n>rtol (x64): final-state tensors beyond rtol, with the largest ratio of tandem's to PyTorch's "
               "distance from PyTorch's f64 result;\nstate L2: ||tandem - torch|| / ||torch|| over the whole final "
               "state; f64: each framework's state L2 from PyTorch's f64 training (how far f32 rounding, amplified "
               "by AdamW, carries either);\nexit status from the '%s' verdict\n",

@@ -107,8 +107,9 @@ def run_torch(spec, device, steps, out_dir):
     model64.load_state_dict(init)
     model64.train()
     batch64 = tuple(t.double() if t.is_floating_point() else t for t in batch)
-    losses64, _ = train(model64, batch64, spec.name, steps, device)
+    losses64, grads64 = train(model64, batch64, spec.name, steps, device)
     save_file(state(model64), os.path.join(out_dir, f"{spec.name}_after64.safetensors"), metadata=meta)
+    save_file(grads64, os.path.join(out_dir, f"{spec.name}_grads64.safetensors"), metadata=meta)
     del model64, batch64
     save_file({"input": batch[0].cpu().contiguous(), "target": batch[1].cpu().contiguous(),
                "losses": torch.tensor(losses, dtype=torch.float64)},

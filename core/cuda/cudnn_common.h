@@ -1,5 +1,5 @@
 #pragma once
-// What the cuDNN translation units share (cudnn.cpp: pooling and batch norm; cudnn_conv.cpp:
+// What the cuDNN translation units share (cudnn.cpp: pooling; cudnn_conv.cpp:
 // convolution): the checked-call macro, one handle per device, dtype mapping and the RAII
 // descriptors of the (v7-style) descriptor API.
 #include <cudnn.h>

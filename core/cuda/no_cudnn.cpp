@@ -19,17 +19,4 @@ void pool2d_forward(const Tensor&, const Tensor&, const Pool2dParams&) { no_cudn
 void pool2d_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Pool2dParams&) {
   no_cudnn("pool2d");
 }
-void batch_norm_forward_training(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                 const Tensor&, const Tensor&, const Tensor&, double, double) {
-  no_cudnn("batch_norm");
-}
-void batch_norm_forward_inference(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                  const Tensor&, double) {
-  no_cudnn("batch_norm");
-}
-void batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const Tensor&) {
-  no_cudnn("batch_norm");
-}
-
 }  // namespace tandem::cuda

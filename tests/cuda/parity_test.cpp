@@ -39,6 +39,21 @@ struct Case {
   double tolerance_scale = 1.0;  // for ops that accumulate (matmul, reductions)
 };
 
+// Batch norm in training on x of `shape`, drawn from [low, high), with the running statistics
+// (which it updates) compared as part of the result.
+Case batch_norm_train_case(const std::string& name, const Shape& shape, double low = -2.0, double high = 2.0) {
+  const int64_t c = shape[1];
+  return Case{name, {InputSpec{shape, shape, low, high}, InputSpec{{c}, {c}}, InputSpec{{c}, {c}}},
+              [c](const std::vector<Tensor>& x) {
+                DType stat = x[0].dtype() == DType::f64 ? DType::f64 : DType::f32;
+                TensorOptions o(stat, x[0].device());
+                Tensor running_mean = zeros({c}, o), running_var = ones({c}, o);
+                Tensor y = batch_norm(x[0], to(x[1], stat), to(x[2], stat), running_mean, running_var, true, 0.1, 1e-5);
+                return cat({flatten(to(y, stat)), running_mean, running_var}, 0);
+              },
+              true, 4};
+}
+
 double tolerance(DType dtype) {
   switch (dtype) {
     case DType::f32: return 2e-5;
@@ -175,15 +190,11 @@ std::vector<Case> cases() {
       Case{"avg_pool2d", {InputSpec{{2, 3, 8, 8}, {2, 3, 8, 8}}}, [](V x) { return avg_pool2d(x[0], 2); }},
       Case{"avg_pool2d_pad_exclude", {InputSpec{{2, 3, 7, 7}, {2, 3, 7, 7}}},
            [](V x) { return avg_pool2d(x[0], 3, 2, 1, false); }},
-      Case{"batch_norm_train", {InputSpec{{4, 3, 5, 5}, {4, 3, 5, 5}}, InputSpec{{3}, {3}}, InputSpec{{3}, {3}}},
-           [](V x) {
-             DType stat = x[0].dtype() == DType::f64 ? DType::f64 : DType::f32;
-             TensorOptions o(stat, x[0].device());
-             Tensor running_mean = zeros({3}, o), running_var = ones({3}, o);
-             Tensor y = batch_norm(x[0], to(x[1], stat), to(x[2], stat), running_mean, running_var, true, 0.1, 1e-5);
-             // The running statistics are part of the result: compare them too.
-             return cat({flatten(to(y, stat)), running_mean, running_var}, 0);
-           }, true, 4},
+      batch_norm_train_case("batch_norm_train", {4, 3, 5, 5}),            // planes of 25: one value at a time
+      batch_norm_train_case("batch_norm_train_wide", {16, 8, 32, 32}),    // 16-byte loads, a channel over many blocks
+      batch_norm_train_case("batch_norm_train_small_planes", {64, 16, 4, 4}),
+      batch_norm_train_case("batch_norm_train_offset", {6, 4, 8, 8}, 38.0, 42.0),  // mean far from zero
+      batch_norm_train_case("batch_norm_train_resnet_stem", {256, 64, 32, 32}),    // ResNet-18's widest
       Case{"batch_norm_eval", {InputSpec{{4, 3, 5, 5}, {4, 3, 5, 5}}, InputSpec{{3}, {3}}, InputSpec{{3}, {3}}},
            [](V x) {
              DType stat = x[0].dtype() == DType::f64 ? DType::f64 : DType::f32;
