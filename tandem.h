@@ -20,3 +20,5 @@
 #include "tandem/optim/optimizer.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/optim/sgd.h"
+#include "tandem/train/checkpoint.h"
+#include "tandem/train/precision.h"
