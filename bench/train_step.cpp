@@ -53,22 +53,6 @@ struct Config {
   std::string trace;  // when set: a Chrome trace of one more step after warm-up (bench/step_trace.h)
 };
 
-// What a precision name means in tandem: the dtype of parameters, activations and data; the f32
-// matmul mode (TF32 or not); and whether the loss is scaled.
-struct Precision {
-  DType dtype;
-  cuda::MatmulPrecision matmul;
-  bool grad_scaler;
-};
-
-Precision parse_precision(const std::string& name) {
-  if (name == "f32") return {DType::f32, cuda::MatmulPrecision::highest, false};
-  if (name == "tf32") return {DType::f32, cuda::MatmulPrecision::high, false};
-  if (name == "bf16") return {DType::bf16, cuda::MatmulPrecision::highest, false};
-  if (name == "fp16") return {DType::f16, cuda::MatmulPrecision::highest, true};
-  TANDEM_THROW(ValueError, "unknown precision '", name, "': expected f32, tf32, bf16 or fp16");
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   size_t n = v.size();
@@ -80,8 +64,7 @@ int run_benchmark(const Config& cfg) {
   const bool lead = world.rank == 0;
   const Device device = cfg.device == "cuda" && world.device.is_cuda() ? world.device : Device(cfg.device);
   const bool on_gpu = device.is_cuda();
-  const Precision precision = parse_precision(cfg.precision);
-  cuda::set_matmul_precision(precision.matmul);  // set for every precision: f32 must not inherit TF32
+  const train::PrecisionPolicy precision = train::PrecisionPolicy::parse(cfg.precision);
 
   bench::WorkloadOptions spec;
   spec.name = cfg.workload;
@@ -90,9 +73,9 @@ int run_benchmark(const Config& cfg) {
   const int64_t batch = spec.batch_or_default();
   manual_seed(0);
   std::shared_ptr<nn::Module> model = bench::make_model(spec, device);
-  model->to(precision.dtype);  // 16-bit parameters; the optimizer keeps f32 master weights itself
+  precision.apply(*model);  // model dtype and matmul mode; the optimizer keeps f32 masters itself
   manual_seed(1 + static_cast<uint64_t>(world.rank));  // each rank its own batch, drawn once
-  const bench::Batch data = bench::make_batch(spec, precision.dtype, device);
+  const bench::Batch data = bench::make_batch(spec, precision.model_dtype, device);
   optim::AdamWOptions adamw;
   adamw.lr = 1e-4;  // torch.optim.AdamW's defaults otherwise
   optim::AdamW optimizer(model->parameters(), adamw);
@@ -255,7 +238,7 @@ int main(int argc, char** argv) {
   app.add_option("--precision", cfg.precision,
                  "f32 (no TF32), tf32 (f32 parameters, TF32 matmuls), bf16 or fp16 (16-bit model, fp16 with a "
                  "gradient scaler)")
-      ->check(CLI::IsMember({"f32", "tf32", "bf16", "fp16"}));
+      ->check(CLI::IsMember(train::PrecisionPolicy::names()));
   app.add_option("--device", cfg.device, "cuda (GPU 0) or cpu; default cuda when a GPU is visible")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   app.add_option("--batch", cfg.batch,

@@ -453,6 +453,13 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world
   num_samples_ = drop_last ? dataset_size / world_size : (dataset_size + world_size - 1) / world_size;
 }
 
+int64_t DistributedSampler::num_real_samples() const {
+  // This rank takes positions rank, rank + world, ... of the padded order; those below the
+  // dataset size are real.
+  int64_t real = dataset_size_ > rank_ ? (dataset_size_ - rank_ + world_size_ - 1) / world_size_ : 0;
+  return std::min(real, num_samples_);
+}
+
 std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   std::vector<int64_t> order(static_cast<size_t>(dataset_size_));
   if (shuffle_) {

@@ -149,6 +149,9 @@ class DistributedSampler {
                      bool drop_last = false);
   std::vector<int64_t> indices(int64_t epoch) const;
   int64_t num_samples() const { return num_samples_; }
+  // How many of this rank's num_samples() are real samples rather than padding (repeats added so
+  // every rank has as many); they come first in indices(). Evaluation counts only these.
+  int64_t num_real_samples() const;
 
  private:
   int64_t dataset_size_;

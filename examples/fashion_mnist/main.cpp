@@ -11,17 +11,23 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <limits>
+#include <optional>
+#include <stdexcept>
 
+#include "flags.h"
 #include "models.h"
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/core/cuda_api.h"
+#include "tandem/core/temp_files.h"
 #include "tandem/data/idx.h"
 #include "tandem/data/loader.h"
 #include "tandem/dist/ddp.h"
 #include "tandem/optim/adamw.h"
-#include "tandem/optim/checkpoint.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/optim/sgd.h"
+#include "tandem/train/checkpoint.h"
+#include "tandem/train/precision.h"
 
 using namespace tandem;
 
@@ -47,13 +53,6 @@ struct Config {
   std::string precision = "f32";    // f32, tf32 (f32 with TF32 matmuls), bf16 or fp16
 };
 
-// The dtype of parameters and activations for a --precision.
-DType model_dtype(const std::string& precision) {
-  if (precision == "bf16") return DType::bf16;
-  if (precision == "fp16") return DType::f16;
-  return DType::f32;
-}
-
 std::string format_seconds(double s) {
   char text[32];
   int total = static_cast<int>(s + 0.5);
@@ -68,8 +67,19 @@ std::vector<double> sum_over_ranks(const std::vector<double>& values) {
   return t.to_double_vector();
 }
 
+// A problem found before training that every rank stops on together (no abort, so no MPI noise);
+// rank 0 says it once.
+struct AgreedStop : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Stops every rank when any rank found a problem; the first rank's words (rank 0 checks).
+void stop_together_if(const std::string& problem) {
+  if (sum_over_ranks({problem.empty() ? 0.0 : 1.0})[0] > 0) throw AgreedStop(problem);
+}
+
 struct EvalResult {
-  double loss, accuracy;
+  double loss, accuracy, samples;  // over the real test samples of every rank
 };
 
 // Evaluates on this rank's shard of the test set; the sums are combined over ranks.
@@ -87,7 +97,7 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader, DType dtype) {
   }
   model.train();
   std::vector<double> total = sum_over_ranks({loss_sum, correct, count});
-  return {total[0] / total[2], total[1] / total[2]};
+  return {total[0] / total[2], total[1] / total[2], total[2]};
 }
 
 void write_json_atomically(const std::string& path, const nlohmann::json& j) {
@@ -117,6 +127,15 @@ int run(const Config& cfg) {
   TANDEM_CHECK_AS(ValueError, cfg.batch_size % world.size == 0, "--batch-size ", cfg.batch_size,
                   " must divide evenly across ", world.size, " ranks");
   const int64_t local_batch = cfg.batch_size / world.size;
+  // Rank 0 writes the checkpoint and metrics: find an unwritable path now, not after an epoch.
+  std::string problem;
+  if (lead && !cfg.save.empty() && !(problem = unwritable_reason(cfg.save)).empty()) {
+    problem = "--save " + cfg.save + ": " + problem + " (expected a file path in a writable directory)";
+  }
+  if (lead && problem.empty() && !cfg.metrics.empty() && !(problem = unwritable_reason(cfg.metrics)).empty()) {
+    problem = "--metrics " + cfg.metrics + ": " + problem + " (expected a file path in a writable directory)";
+  }
+  stop_together_if(problem);
 
   std::string dir = cfg.data.empty() ? data::default_fashion_mnist_dir() : cfg.data;
   data::FashionMnist train = data::load_fashion_mnist(dir, true);
@@ -124,16 +143,11 @@ int run(const Config& cfg) {
 
   manual_seed(cfg.seed);  // the same initial weights on every rank (DDP broadcasts rank 0's anyway)
   auto model = fashion::make_model(cfg.model, TensorOptions(DType::f32, device));
-  // Mixed precision: parameters and activations in 16 bits (batch-norm statistics stay f32), the
-  // optimizer keeping f32 master weights and moments; fp16 adds dynamic loss scaling.
-  const DType dtype = model_dtype(cfg.precision);
-  if (dtype != DType::f32) model->to(dtype);
-  if (device.is_cuda()) {
-    cuda::set_matmul_precision(cfg.precision == "tf32" ? cuda::MatmulPrecision::high : cuda::MatmulPrecision::highest);
-  }
-  amp::GradScalerOptions scaler_options;
-  scaler_options.enabled = cfg.precision == "fp16";
-  amp::GradScaler scaler(device, scaler_options);
+  // What --precision means (model dtype, f32 masters, loss scaling, TF32): train/precision.h.
+  const train::PrecisionPolicy precision = train::PrecisionPolicy::parse(cfg.precision);
+  precision.apply(*model);
+  const DType dtype = precision.model_dtype;
+  amp::GradScaler scaler(device, precision.grad_scaler_options());
   std::unique_ptr<optim::Optimizer> opt;
   if (cfg.optimizer == "adamw") {
     opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{cfg.lr, 0.9, 0.999, 1e-8, cfg.weight_decay});
@@ -143,9 +157,12 @@ int run(const Config& cfg) {
     TANDEM_THROW(ValueError, "unknown optimizer '", cfg.optimizer, "': expected adamw or sgd");
   }
 
-  optim::TrainingPosition position;
+  train::TrainingPosition position;
+  std::optional<train::LoadedCheckpoint> resumed;
   if (!cfg.resume.empty()) {
-    position = optim::load_checkpoint(cfg.resume, *model, opt.get(), scaler.is_enabled() ? &scaler : nullptr).position;
+    resumed = train::load_checkpoint(cfg.resume, *model, opt.get(), scaler.is_enabled() ? &scaler : nullptr,
+                                     {cfg.model, cfg.precision});
+    position = resumed->position;
     if (lead) std::printf("resumed from %s at epoch %lld, step %lld\n", cfg.resume.c_str(),
                           static_cast<long long>(position.epoch), static_cast<long long>(position.step));
   }
@@ -158,13 +175,23 @@ int run(const Config& cfg) {
   data::DataLoader train_loader(train.images, train.labels, {local_batch, false, false, cfg.seed, device});
   dist::DistributedSampler test_shard(test.images.shape()[0], world.rank, world.size, false, 0);
   data::DataLoader test_loader(test.images, test.labels, {256, false, false, 0, device});
-  test_loader.set_indices(test_shard.indices(0));
-  // Padding repeats a few test samples when the test set does not divide by the world size; with
-  // 10000 samples and 1, 2, 4 or 8 ranks it does.
+  // Only the real samples: the sampler pads with repeats when the test set does not divide by the
+  // world size, and a repeat would be counted twice.
+  std::vector<int64_t> test_indices = test_shard.indices(0);
+  test_indices.resize(static_cast<size_t>(test_shard.num_real_samples()));
+  test_loader.set_indices(test_indices);
 
   int64_t steps_per_epoch = (train_shard.num_samples() + local_batch - 1) / local_batch;
   if (cfg.max_steps_per_epoch > 0) steps_per_epoch = std::min(steps_per_epoch, cfg.max_steps_per_epoch);
   const int64_t total_steps = steps_per_epoch * cfg.epochs;
+  if (resumed && cfg.schedule == "cosine" && resumed->text("schedule") == "cosine") {
+    // The cosine curve is planned over the whole run: another length is another curve.
+    const int64_t saved_steps = resumed->integer("total_steps", 1, std::numeric_limits<int64_t>::max());
+    TANDEM_CHECK_AS(ValueError, saved_steps == total_steps, "--resume ", cfg.resume, ": the checkpoint's cosine ",
+                    "schedule runs ", resumed->text("epochs"), " epochs (", saved_steps, " steps) but this run asks for ",
+                    cfg.epochs, " epochs (", total_steps, " steps); resume with --epochs ", resumed->text("epochs"),
+                    " and the same --max-steps-per-epoch and --batch-size, or with --schedule none");
+  }
   std::unique_ptr<optim::LRSchedule> schedule;
   if (cfg.schedule == "cosine") {
     schedule = std::make_unique<optim::CosineAnnealingLR>(total_steps);
@@ -256,11 +283,14 @@ int run(const Config& cfg) {
       std::fflush(stdout);
       metrics["epochs"].push_back({{"epoch", epoch + 1}, {"train_loss", loss_sum / seen}, {"train_accuracy", correct / seen},
                                    {"test_loss", eval.loss}, {"test_accuracy", eval.accuracy},
+                                   {"test_samples", eval.samples},
                                    {"seconds", epoch_seconds}, {"samples_per_second", seen / epoch_seconds},
                                    {"ddp", ddp_json}});
       if (!cfg.metrics.empty()) write_json_atomically(cfg.metrics, metrics);
       if (!cfg.save.empty()) {
-        optim::save_checkpoint(cfg.save, *model, opt.get(), position, {{"model", cfg.model}, {"precision", cfg.precision}},
+        train::save_checkpoint(cfg.save, *model, opt.get(), position,
+                               {{"model", cfg.model}, {"precision", cfg.precision}, {"schedule", cfg.schedule},
+                                {"epochs", std::to_string(cfg.epochs)}, {"total_steps", std::to_string(total_steps)}},
                                scaler.is_enabled() ? &scaler : nullptr);
       }
     }
@@ -278,29 +308,38 @@ int main(int argc, char** argv) {
   CLI::App app{"Train an MLP or a CNN on Fashion-MNIST with tandem (under mpirun for data parallelism)"};
   Config cfg;
   app.add_option("--model", cfg.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}));
-  app.add_option("--epochs", cfg.epochs, "epochs to train")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", cfg.batch_size, "global batch size (split across ranks)")->check(CLI::PositiveNumber);
-  app.add_option("--lr", cfg.lr, "learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", cfg.epochs, "epochs to train")->check(fashion::whole_number_at_least(1));
+  app.add_option("--batch-size", cfg.batch_size, "global batch size (split across ranks)")
+      ->check(fashion::whole_number_at_least(1));
+  app.add_option("--lr", cfg.lr, "learning rate")->check(fashion::number_above(0, false));
   app.add_option("--optimizer", cfg.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_option("--schedule", cfg.schedule, "learning-rate schedule: cosine (to 0 over the run) or none")
       ->check(CLI::IsMember({"cosine", "none"}));
-  app.add_option("--momentum", cfg.momentum, "SGD momentum");
-  app.add_option("--weight-decay", cfg.weight_decay, "weight decay");
+  app.add_option("--momentum", cfg.momentum, "SGD momentum")->check(fashion::number_above(0, true));
+  app.add_option("--weight-decay", cfg.weight_decay, "weight decay")->check(fashion::number_above(0, true));
   app.add_option("--device", cfg.device, "auto (a GPU when present), cpu, cuda or cuda:N");
   app.add_option("--data", cfg.data, "Fashion-MNIST directory (default: $TANDEM_DATA_DIR or the dataset-fashion-mnist package)");
   app.add_option("--save", cfg.save, "checkpoint written after every epoch (safetensors)");
   app.add_option("--resume", cfg.resume, "checkpoint to continue from");
   app.add_option("--metrics", cfg.metrics, "JSON file of per-epoch metrics");
-  app.add_option("--seed", cfg.seed, "seed for the initial weights and the data order");
-  app.add_option("--log-every", cfg.log_every, "steps between progress lines (0: none)");
+  app.add_option("--seed", cfg.seed, "seed for the initial weights and the data order")
+      ->check(fashion::whole_number_at_least(0));
+  app.add_option("--log-every", cfg.log_every, "steps between progress lines (0: none)")
+      ->check(fashion::whole_number_at_least(0));
   app.add_option("--precision", cfg.precision, "f32, tf32 (TF32 matmuls on GPUs), bf16 or fp16 (with loss scaling)")
-      ->check(CLI::IsMember({"f32", "tf32", "bf16", "fp16"}));
-  app.add_option("--max-steps-per-epoch", cfg.max_steps_per_epoch, "cut epochs short (for quick checks)");
+      ->check(CLI::IsMember(train::PrecisionPolicy::names()));
+  app.add_option("--max-steps-per-epoch", cfg.max_steps_per_epoch, "cut epochs short (for quick checks; 0: whole epochs)")
+      ->check(fashion::whole_number_at_least(0));
   CLI11_PARSE(app, argc, argv);
   try {
     int status = run(cfg);
     dist::finalize();
     return status;
+  } catch (const AgreedStop& e) {
+    // Every rank stops here together: rank 0 says why, and MPI ends normally.
+    if (dist::world().rank == 0) std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
+    dist::finalize();
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
     std::fflush(stderr);
