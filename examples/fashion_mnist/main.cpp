@@ -101,7 +101,9 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader, DType dtype) {
 }
 
 void write_json_atomically(const std::string& path, const nlohmann::json& j) {
-  std::string tmp = path + ".tmp";
+  remove_stale_temp_files(path);
+  const std::string tmp = temp_path_for(path);
+  TempFileGuard guard(tmp);  // removed if SIGINT or SIGTERM ends the run mid-write
   {
     std::ofstream out(tmp);
     TANDEM_CHECK_AS(ValueError, out.good(), "cannot write the metrics file ", tmp);
