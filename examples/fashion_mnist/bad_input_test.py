@@ -85,6 +85,14 @@ os.makedirs(f"{odd}/train-images-idx3-ubyte.gz")
 expect_refused("a directory as the images file", ["--device", "cpu", "--data", odd],
                [f"{odd}/train-images-idx3-ubyte.gz", "is a directory", "expected a regular"])
 
+if mpiexec:
+    text = expect_refused("a directory as the images file, 2 ranks", ["--device", "cpu", "--data", odd],
+                          ["is a directory"], ranks=2)
+    if text.count("is a directory") != 1:
+        failures.append(f"a bad dataset under mpirun: the message should appear once:\n{text[-2000:]}")
+    expect_refused("--batch-size 5 over 2 ranks", quick[:-2] + ["--batch-size", "5"],
+                   ["--batch-size 5 must divide evenly across 2 ranks"], ranks=2)
+
 # Resuming: another --epochs under the cosine schedule, and another model, are refused naming both.
 ckpt = f"{work}/ckpt.safetensors"
 rc, out, err = run(quick + ["--epochs", "1", "--save", ckpt])
@@ -95,6 +103,12 @@ else:
                    ["--resume", "1 epochs (6 steps)", "2 epochs (12 steps)", "--epochs 1"])
     expect_refused("resume into another model", quick + ["--epochs", "1", "--model", "cnn", "--resume", ckpt],
                    ["this checkpoint is of model mlp in f32; you asked for model cnn in f32"])
+    if mpiexec:
+        text = expect_refused("resume into another model, 2 ranks",
+                              quick[:-2] + ["--batch-size", "8", "--epochs", "1", "--model", "cnn", "--resume", ckpt],
+                              ["you asked for model cnn"], ranks=2)
+        if text.count("you asked for model cnn") != 1:
+            failures.append(f"a bad resume under mpirun: the message should appear once:\n{text[-2000:]}")
     expect_refused("resume into another precision", quick + ["--epochs", "1", "--precision", "bf16", "--resume", ckpt],
                    ["model mlp in f32; you asked for model mlp in bf16"])
 

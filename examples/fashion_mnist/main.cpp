@@ -67,15 +67,17 @@ std::vector<double> sum_over_ranks(const std::vector<double>& values) {
   return t.to_double_vector();
 }
 
-// A problem found before training that every rank stops on together (no abort, so no MPI noise);
-// rank 0 says it once.
+// A problem found before training that every rank stops on together (no abort, so no MPI noise
+// from an abort); one rank says it: rank 0 when it found it, else the ranks that did.
 struct AgreedStop : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  AgreedStop(const std::string& problem, bool say) : std::runtime_error(problem), say(say) {}
+  bool say;
 };
 
-// Stops every rank when any rank found a problem; the first rank's words (rank 0 checks).
 void stop_together_if(const std::string& problem) {
-  if (sum_over_ranks({problem.empty() ? 0.0 : 1.0})[0] > 0) throw AgreedStop(problem);
+  const bool lead = dist::world().rank == 0;
+  std::vector<double> found = sum_over_ranks({problem.empty() ? 0.0 : 1.0, lead && !problem.empty() ? 1.0 : 0.0});
+  if (found[0] > 0) throw AgreedStop(problem, !problem.empty() && (lead || found[1] == 0));
 }
 
 struct EvalResult {
@@ -126,11 +128,14 @@ int run(const Config& cfg) {
     }
     device = Device("cpu");
   }
-  TANDEM_CHECK_AS(ValueError, cfg.batch_size % world.size == 0, "--batch-size ", cfg.batch_size,
-                  " must divide evenly across ", world.size, " ranks");
+  // Problems found before training stop every rank together, said once (stop_together_if).
+  std::string problem;
+  if (cfg.batch_size % world.size != 0) {
+    problem = detail::concat("--batch-size ", cfg.batch_size, " must divide evenly across ", world.size, " ranks");
+  }
+  stop_together_if(problem);
   const int64_t local_batch = cfg.batch_size / world.size;
   // Rank 0 writes the checkpoint and metrics: find an unwritable path now, not after an epoch.
-  std::string problem;
   if (lead && !cfg.save.empty() && !(problem = unwritable_reason(cfg.save)).empty()) {
     problem = "--save " + cfg.save + ": " + problem + " (expected a file path in a writable directory)";
   }
@@ -139,9 +144,15 @@ int run(const Config& cfg) {
   }
   stop_together_if(problem);
 
-  std::string dir = cfg.data.empty() ? data::default_fashion_mnist_dir() : cfg.data;
-  data::FashionMnist train = data::load_fashion_mnist(dir, true);
-  data::FashionMnist test = data::load_fashion_mnist(dir, false);
+  data::FashionMnist train, test;
+  try {
+    const std::string dir = cfg.data.empty() ? data::default_fashion_mnist_dir() : cfg.data;
+    train = data::load_fashion_mnist(dir, true);
+    test = data::load_fashion_mnist(dir, false);
+  } catch (const Error& e) {
+    problem = e.message();  // every rank reads the same files: stop together, said once
+  }
+  stop_together_if(problem);
 
   manual_seed(cfg.seed);  // the same initial weights on every rank (DDP broadcasts rank 0's anyway)
   auto model = fashion::make_model(cfg.model, TensorOptions(DType::f32, device));
@@ -162,8 +173,13 @@ int run(const Config& cfg) {
   train::TrainingPosition position;
   std::optional<train::LoadedCheckpoint> resumed;
   if (!cfg.resume.empty()) {
-    resumed = train::load_checkpoint(cfg.resume, *model, opt.get(), scaler.is_enabled() ? &scaler : nullptr,
-                                     {cfg.model, cfg.precision});
+    try {
+      resumed = train::load_checkpoint(cfg.resume, *model, opt.get(), scaler.is_enabled() ? &scaler : nullptr,
+                                       {cfg.model, cfg.precision});
+    } catch (const Error& e) {
+      problem = e.message();
+    }
+    stop_together_if(problem);
     position = resumed->position;
     if (lead) std::printf("resumed from %s at epoch %lld, step %lld\n", cfg.resume.c_str(),
                           static_cast<long long>(position.epoch), static_cast<long long>(position.step));
@@ -189,11 +205,15 @@ int run(const Config& cfg) {
   if (resumed && cfg.schedule == "cosine" && resumed->text("schedule") == "cosine") {
     // The cosine curve is planned over the whole run: another length is another curve.
     const int64_t saved_steps = resumed->integer("total_steps", 1, std::numeric_limits<int64_t>::max());
-    TANDEM_CHECK_AS(ValueError, saved_steps == total_steps, "--resume ", cfg.resume, ": the checkpoint's cosine ",
-                    "schedule runs ", resumed->text("epochs"), " epochs (", saved_steps, " steps) but this run asks for ",
-                    cfg.epochs, " epochs (", total_steps, " steps); resume with --epochs ", resumed->text("epochs"),
-                    " and the same --max-steps-per-epoch and --batch-size, or with --schedule none");
+    if (saved_steps != total_steps) {
+      problem = detail::concat("--resume ", cfg.resume, ": the checkpoint's cosine schedule runs ",
+                               resumed->text("epochs"), " epochs (", saved_steps, " steps) but this run asks for ",
+                               cfg.epochs, " epochs (", total_steps, " steps); resume with --epochs ",
+                               resumed->text("epochs"), " and the same --max-steps-per-epoch and --batch-size, or ",
+                               "with --schedule none");
+    }
   }
+  stop_together_if(problem);
   std::unique_ptr<optim::LRSchedule> schedule;
   if (cfg.schedule == "cosine") {
     schedule = std::make_unique<optim::CosineAnnealingLR>(total_steps);
@@ -338,8 +358,8 @@ int main(int argc, char** argv) {
     dist::finalize();
     return status;
   } catch (const AgreedStop& e) {
-    // Every rank stops here together: rank 0 says why, and MPI ends normally.
-    if (dist::world().rank == 0) std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
+    // Every rank stops here together, one of them says why, and MPI is finalized normally.
+    if (e.say) std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
     dist::finalize();
     return 1;
   } catch (const std::exception& e) {
