@@ -170,6 +170,17 @@ void Optimizer::set_any_hyper_parameter(ParamGroup& group, const std::string& ke
   else set_hyper_parameter(group, key, value);
 }
 
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& states : state_) {
+    for (const ParamState& s : states) {
+      for (const auto& entry : s.buffers) bytes += static_cast<int64_t>(entry.second.nbytes());
+      if (s.step_count.defined()) bytes += static_cast<int64_t>(s.step_count.nbytes());
+    }
+  }
+  return bytes;
+}
+
 StateDict Optimizer::state_dict() const {
   StateDict state;
   state.optimizer = name();
