@@ -220,9 +220,11 @@ Tensor ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
   NoGradGuard no_grad;
   const std::vector<Tensor> pieces = params();
   Device device = flat_params_.empty() ? Device() : flat_params_[0].device();
-  Tensor squared = optim::grad_squared_norm(pieces, device);  // 0-dim: this rank's shard
+  DType acc = DType::f32;  // as optim::clip_grad_norm_: f64 for f64 gradients
+  for (const Tensor& flat : flat_params_) acc = flat.dtype() == DType::f64 ? DType::f64 : acc;
+  Tensor squared = optim::grad_squared_norm(pieces, device);  // 0-dim f64: this rank's shard
   if (group_->size() > 1) group_->all_reduce(squared, ReduceOp::sum)->wait();
-  Tensor norm = kernels::unary(UnaryOp::sqrt, squared);
+  Tensor norm = kernels::to_dtype(kernels::unary(UnaryOp::sqrt, squared), acc);
   optim::clip_grads_to_norm_(pieces, norm, max_norm);
   return norm;
 }

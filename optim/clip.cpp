@@ -37,10 +37,10 @@ Tensor grad_squared_norm(const std::vector<Tensor>& params, Device device) {
   NoGradGuard no_grad;
   DType acc;
   std::vector<Tensor> grads = gradients(params, acc);
-  if (grads.empty()) return zeros({}, TensorOptions(acc, device));
+  if (grads.empty()) return zeros({}, TensorOptions(DType::f64, device));
   std::vector<Tensor> sums;  // (1,) per gradient: its sum of squares
   for (const Tensor& g : grads) {
-    Tensor x = kernels::to_dtype(g, acc);
+    Tensor x = kernels::to_dtype(g, DType::f64);
     Tensor s = kernels::reduce(ReduceOp::sum, kernels::unary(UnaryOp::pow_scalar, x, 2.0), {}, false);  // 0-dim
     sums.push_back(views::unsqueeze(kernels::to_device(s, device), 0));
   }
@@ -67,17 +67,11 @@ void clip_grads_to_norm_(const std::vector<Tensor>& params, const Tensor& norm, 
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   TANDEM_CHECK_AS(ValueError, max_norm >= 0.0, "clip_grad_norm_: max_norm must be >= 0, got ", max_norm);
   NoGradGuard no_grad;
-  Device device;
-  bool any = false;
-  for (const Tensor& p : params) {
-    if (p.grad().defined()) {
-      device = p.grad().device();
-      any = true;
-      break;
-    }
-  }
-  if (!any) return zeros({}, TensorOptions(DType::f32));
-  Tensor norm = kernels::unary(UnaryOp::sqrt, grad_squared_norm(params, device));  // 0-dim
+  DType acc;
+  std::vector<Tensor> grads = gradients(params, acc);
+  if (grads.empty()) return zeros({}, TensorOptions(DType::f32));
+  Tensor squared = grad_squared_norm(params, grads[0].device());                          // 0-dim f64
+  Tensor norm = kernels::to_dtype(kernels::unary(UnaryOp::sqrt, squared), acc);           // 0-dim
   clip_grads_to_norm_(params, norm, max_norm);
   return norm;
 }
