@@ -12,6 +12,7 @@
 #include "tandem/models/gpt2.h"
 #include "tandem/optim/adamw.h"
 #include "tandem/optim/clip.h"
+#include "tandem/optim/schedule.h"
 #include "tandem/optim/sgd.h"
 
 namespace tandem {
@@ -71,6 +72,7 @@ struct RunOptions {
   int64_t overflow_step = -1;
   int accumulate = 1;            // micro-batches per step (the first ones under no_sync)
   bool sgd = false;
+  bool schedule = false;         // warm-up and cosine decay, stepped through the optimizer's groups
 };
 
 struct RunResult {
@@ -102,6 +104,8 @@ RunResult train(const Workload& work, const RunOptions& run) {
   scaler_options.init_scale = 1024.0;
   scaler_options.enabled = run.scaler;
   amp::GradScaler scaler(test_device(), scaler_options);
+  optim::WarmupCosineLR schedule(3, run.steps, 1e-5);
+  if (run.schedule) schedule.apply(*opt, 0);
   RunResult result;
   for (int64_t s = 0; s < run.steps; ++s) {
     opt->zero_grad();
@@ -125,6 +129,7 @@ RunResult train(const Workload& work, const RunOptions& run) {
     scaler.step(*opt);
     if (run.scaler) result.skipped.push_back(scaler.found_inf());
     scaler.update();
+    if (run.schedule) schedule.step(*opt);
   }
   if (zero) zero->wait_for_parameters();
   for (const Tensor& p : model->parameters()) result.params.push_back(kernels::to_dtype(kernels::to_device(p, Device()), DType::f64));
@@ -189,6 +194,12 @@ TEST(Zero, ClippedGradientsMatchStageZero) {
   RunOptions run;
   run.clip = 0.05;  // below the gradients' norm: every step clips
   expect_stages_match(image_workload("mlp"), run, 1e-6);
+}
+
+TEST(Zero, LearningRateScheduleMatchesStageZero) {
+  RunOptions run;
+  run.schedule = true;
+  expect_stages_match(image_workload("cnn"), run, 1e-6);
 }
 
 TEST(Zero, SgdWithMomentumMatchesStageZero) {
