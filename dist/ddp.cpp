@@ -471,8 +471,7 @@ const DdpStats& DistributedDataParallel::stats() {
     stats_.exposed_ms = timing_->host_exposed_ms;
   }
   stats_.comm_ms = comm > 0 ? comm : stats_.exposed_ms;
-  double hidden = stats_.comm_ms > 0 ? 1.0 - stats_.exposed_ms / stats_.comm_ms : 0.0;
-  stats_.hidden_fraction = std::min(1.0, std::max(0.0, hidden));
+  stats_.hidden_fraction = hidden_fraction(stats_.comm_ms, stats_.exposed_ms);
   return stats_;
 }
 

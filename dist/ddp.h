@@ -63,6 +63,12 @@ struct DdpStats {
   int64_t total_gradients = 0;
 };
 
+// The share of a collective's time that other work hid: 1 - exposed / comm, clamped to [0, 1].
+inline double hidden_fraction(double comm_ms, double exposed_ms) {
+  const double hidden = comm_ms > 0 ? 1.0 - exposed_ms / comm_ms : 0.0;
+  return hidden < 0 ? 0.0 : (hidden > 1 ? 1.0 : hidden);
+}
+
 class DistributedDataParallel {
  public:
   DistributedDataParallel(std::shared_ptr<nn::Module> module, DdpOptions options = {});

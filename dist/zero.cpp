@@ -13,15 +13,8 @@
 
 namespace tandem::dist {
 
-namespace {
-std::string group_key(size_t group, const std::string& name) {
-  return "param_groups." + std::to_string(group) + "." + name;
-}
-
-std::string state_key(size_t param, const std::string& name) {
-  return "state." + std::to_string(param) + "." + name;
-}
-}  // namespace
+using optim::group_key;
+using optim::state_key;
 
 // Events on the compute stream around the wait for the all-gathers, to measure what is exposed.
 struct ZeroRedundancyOptimizer::Timing {
@@ -200,8 +193,7 @@ const ZeroStats& ZeroRedundancyOptimizer::stats() {
     stats_.exposed_ms = timing_->host_exposed_ms;
   }
   stats_.gather_ms = gather > 0 ? gather : stats_.exposed_ms;
-  double hidden = stats_.gather_ms > 0 ? 1.0 - stats_.exposed_ms / stats_.gather_ms : 0.0;
-  stats_.hidden_fraction = std::min(1.0, std::max(0.0, hidden));
+  stats_.hidden_fraction = hidden_fraction(stats_.gather_ms, stats_.exposed_ms);
   return stats_;
 }
 

@@ -9,7 +9,6 @@
 
 namespace tandem::optim {
 
-namespace {
 std::string group_key(size_t group, const std::string& name) {
   return "param_groups." + std::to_string(group) + "." + name;
 }
@@ -17,6 +16,8 @@ std::string group_key(size_t group, const std::string& name) {
 std::string state_key(size_t param, const std::string& name) {
   return "state." + std::to_string(param) + "." + name;
 }
+
+namespace {
 
 // Splits "state.<index>.<name>"; false when the key has another form.
 bool parse_state_key(const std::string& key, size_t& index, std::string& name) {

@@ -56,6 +56,9 @@ struct StateDict {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, double> metadata;
 };
+// The keys above: "param_groups.<group>.<name>" and "state.<param>.<name>".
+std::string group_key(size_t group, const std::string& name);
+std::string state_key(size_t param, const std::string& name);
 
 // GradScaler's part in a step: 0-dim f32 tensors on the parameters' device. The step changes
 // nothing when *found_inf != 0; otherwise gradients are multiplied by *inv_scale as they are read

@@ -104,7 +104,7 @@ RunResult train(const Workload& work, const RunOptions& run) {
   scaler_options.init_scale = 1024.0;
   scaler_options.enabled = run.scaler;
   amp::GradScaler scaler(test_device(), scaler_options);
-  optim::WarmupCosineLR schedule(3, run.steps, 1e-5);
+  optim::WarmupCosineLR schedule(3, std::max(run.steps, 4), 1e-5);
   if (run.schedule) schedule.apply(*opt, 0);
   RunResult result;
   for (int64_t s = 0; s < run.steps; ++s) {
