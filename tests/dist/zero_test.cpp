@@ -8,6 +8,7 @@
 #include "examples/fashion_mnist/models.h"
 #include "support/test_util.h"
 #include "tandem/amp/grad_scaler.h"
+#include "tandem/dist/timeline.h"
 #include "tandem/dist/zero.h"
 #include "tandem/models/gpt2.h"
 #include "tandem/optim/adamw.h"
@@ -365,6 +366,33 @@ void expect_value_error(const std::function<void()>& f, const std::string& text)
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
   }
+}
+
+// A recorded step shows each bucket's all-gather on the communication track and the next
+// forward's wait for them on the compute track.
+TEST(Zero, TimelineShowsTheAllGathersAndTheWaitForThem) {
+  manual_seed(4);
+  auto model = fashion::make_mlp(TensorOptions(DType::f32, test_device()));
+  dist::DdpOptions options;
+  options.zero_stage = 1;
+  options.first_bucket_mb = 0.01;
+  DistributedDataParallel ddp(model, options);
+  ZeroRedundancyOptimizer zero(ddp, std::make_unique<optim::AdamW>(model->parameters()));
+  dist::Timeline timeline(test_device());
+  zero.set_timeline(&timeline);
+  auto [x, y] = image_workload("mlp").batch(0, dist::world().rank);
+  timeline.start();
+  classification_loss(ddp(to(x, test_device())), to(y, test_device())).backward();
+  zero.step();
+  ddp(to(x, test_device()));
+  timeline.stop();
+  int64_t gathers = 0, waits = 0;
+  for (const dist::TimelineSpan& span : timeline.spans()) {
+    if (span.name.rfind("all_gather bucket ", 0) == 0 && span.track == "communication") ++gathers;
+    if (span.name == "wait for parameters" && span.track == "compute") ++waits;
+  }
+  EXPECT_EQ(gathers, static_cast<int64_t>(ddp.bucket_plan().size()));
+  EXPECT_EQ(waits, 1);
 }
 
 TEST(Zero, ClearErrors) {
