@@ -339,14 +339,27 @@ TEST(ZeroCuda, Stage2OnTheGpuMatchesTheCpu) {
   }
 }
 
+// The Fashion-MNIST MLP under ZeRO with several buckets.
+struct ShardedMlp {
+  explicit ShardedMlp(int stage) {
+    model = fashion::make_mlp(TensorOptions(DType::f32, test_device()));
+    dist::DdpOptions options;
+    options.zero_stage = stage;
+    options.first_bucket_mb = 0.01;
+    ddp = std::make_unique<DistributedDataParallel>(model, options);
+    zero = std::make_unique<ZeroRedundancyOptimizer>(*ddp, std::make_unique<optim::AdamW>(model->parameters()));
+  }
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<ZeroRedundancyOptimizer> zero;
+};
+
 TEST(Zero, StatsCountOneGatherPerBucket) {
   manual_seed(3);
-  auto model = fashion::make_mlp(TensorOptions(DType::f32, test_device()));
-  dist::DdpOptions options;
-  options.zero_stage = 2;
-  options.first_bucket_mb = 0.01;
-  DistributedDataParallel ddp(model, options);
-  ZeroRedundancyOptimizer zero(ddp, std::make_unique<optim::AdamW>(model->parameters()));
+  ShardedMlp sharded(2);
+  const std::shared_ptr<nn::Sequential>& model = sharded.model;
+  DistributedDataParallel& ddp = *sharded.ddp;
+  ZeroRedundancyOptimizer& zero = *sharded.zero;
   auto [x, y] = image_workload("mlp").batch(0, dist::world().rank);
   classification_loss(ddp(to(x, test_device())), to(y, test_device())).backward();
   // Stage 2: the full gradients are gone after backward; this rank's shard remains.
@@ -372,12 +385,9 @@ void expect_value_error(const std::function<void()>& f, const std::string& text)
 // forward's wait for them on the compute track.
 TEST(Zero, TimelineShowsTheAllGathersAndTheWaitForThem) {
   manual_seed(4);
-  auto model = fashion::make_mlp(TensorOptions(DType::f32, test_device()));
-  dist::DdpOptions options;
-  options.zero_stage = 1;
-  options.first_bucket_mb = 0.01;
-  DistributedDataParallel ddp(model, options);
-  ZeroRedundancyOptimizer zero(ddp, std::make_unique<optim::AdamW>(model->parameters()));
+  ShardedMlp sharded(1);
+  DistributedDataParallel& ddp = *sharded.ddp;
+  ZeroRedundancyOptimizer& zero = *sharded.zero;
   dist::Timeline timeline(test_device());
   zero.set_timeline(&timeline);
   auto [x, y] = image_workload("mlp").batch(0, dist::world().rank);
