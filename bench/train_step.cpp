@@ -9,6 +9,7 @@
 //   train_step --workload gpt2 --precision bf16        (8 sequences of 1024 tokens)
 //   train_step --workload resnet18 --precision tf32    (256 images of 3x32x32)
 //   mpirun -np 2 train_step --workload mlp --precision bf16 --bucket-mb 25
+//   mpirun -np 4 train_step --workload gpt2 --precision bf16 --zero 2     (ZeRO stage 2)
 //   train_step --device cpu --batch 8 --steps 3 --warmup 1
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -26,6 +27,7 @@
 
 #include "tandem/core/cuda_api.h"
 #include "tandem/dist/ddp.h"
+#include "tandem/dist/zero.h"
 #include "tandem/dist/timeline.h"
 #include "tandem/tandem.h"
 #include "step_trace.h"
@@ -50,6 +52,7 @@ struct Config {
   std::string comm_dtype = "same";  // same (the gradients' dtype), f32 or bf16
   bool no_overlap = false;
   bool no_overlap_optimizer = false;
+  int zero = 0;       // ZeRO stage: 0 (plain DDP), 1 (sharded optimizer state), 2 (and sharded gradients)
   std::string trace;  // when set: a Chrome trace of one more step after warm-up (bench/step_trace.h)
 };
 
@@ -78,21 +81,29 @@ int run_benchmark(const Config& cfg) {
   const bench::Batch data = bench::make_batch(spec, precision.model_dtype, device);
   optim::AdamWOptions adamw;
   adamw.lr = 1e-4;  // torch.optim.AdamW's defaults otherwise
-  optim::AdamW optimizer(model->parameters(), adamw);
+  auto adamw_optimizer = std::make_unique<optim::AdamW>(model->parameters(), adamw);
+  optim::Optimizer* optimizer = adamw_optimizer.get();  // the AdamW, or the ZeRO optimizer over it
+  std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
 
   dist::Timeline timeline(device);  // records only the one step traced for --trace
   std::unique_ptr<dist::DistributedDataParallel> ddp;
-  if (world.size > 1) {
+  if (world.size > 1 || cfg.zero > 0) {
     dist::DdpOptions options;
     options.bucket_cap_mb = cfg.bucket_mb;
     options.first_bucket_mb = cfg.first_bucket_mb;
     options.overlap = !cfg.no_overlap;
     // A GradScaler reads every gradient before the step, so the step cannot overlap the last bucket.
-    options.overlap_optimizer = !cfg.no_overlap_optimizer && !precision.grad_scaler;
+    options.overlap_optimizer = !cfg.no_overlap_optimizer && !precision.grad_scaler && cfg.zero == 0;
+    options.zero_stage = cfg.zero;
     if (cfg.comm_dtype == "f32") options.comm_dtype = DType::f32;
     if (cfg.comm_dtype == "bf16") options.comm_dtype = DType::bf16;
     ddp = std::make_unique<dist::DistributedDataParallel>(model, options);
     ddp->set_timeline(&timeline);
+    if (cfg.zero > 0) {
+      zero = std::make_unique<dist::ZeroRedundancyOptimizer>(*ddp, std::move(adamw_optimizer));
+      zero->set_timeline(&timeline);
+      optimizer = zero.get();
+    }
   }
   const bench::Forward forward = [&](const Tensor& x) { return ddp ? ddp->forward(x) : (*model)(x); };
 
@@ -103,7 +114,7 @@ int run_benchmark(const Config& cfg) {
   auto step = [&]() -> Tensor {
     // timeline.begin()/end(): the spans of --trace's step; they return at once otherwise.
     timeline.begin("zero_grad");
-    optimizer.zero_grad(/*set_to_none=*/true);
+    optimizer->zero_grad(/*set_to_none=*/true);
     timeline.end();
     timeline.begin("forward + loss");
     Tensor loss = bench::workload_loss(cfg.workload, forward, data);
@@ -114,7 +125,7 @@ int run_benchmark(const Config& cfg) {
       scaled.backward();
       timeline.end();
       timeline.begin("optimizer");
-      scaler->step(optimizer);
+      scaler->step(*optimizer);
       scaler->update();
       timeline.end();
       return loss.detach();
@@ -123,8 +134,8 @@ int run_benchmark(const Config& cfg) {
     loss.backward();
     timeline.end();
     timeline.begin("optimizer");
-    if (ddp) ddp->step(optimizer);  // with the last bucket's all-reduce overlapped
-    else optimizer.step();
+    if (ddp) ddp->step(*optimizer);  // with the last bucket's all-reduce overlapped (stage 0)
+    else optimizer->step();
     timeline.end();
     return loss.detach();
   };
@@ -137,7 +148,8 @@ int run_benchmark(const Config& cfg) {
                        {"world_size", world.size}, {"bucket_mb", cfg.bucket_mb},
                        {"first_bucket_mb", cfg.first_bucket_mb}, {"comm_dtype", cfg.comm_dtype},
                        {"overlap", !cfg.no_overlap},
-                       {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler}});
+                       {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler},
+                       {"zero_stage", cfg.zero}});
   }
   if (on_gpu) {
     cuda::synchronize(device.index);
@@ -171,10 +183,33 @@ int run_benchmark(const Config& cfg) {
     const dist::DdpStats& st = ddp->stats();  // the last step's
     ddp_json = {{"world_size", world.size},         {"bucket_mb", cfg.bucket_mb},
                 {"comm_dtype", cfg.comm_dtype},     {"overlap", !cfg.no_overlap},
-                {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler},
+                {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler && cfg.zero == 0},
                 {"buckets", st.buckets},            {"bytes", st.bytes},
                 {"comm_ms", st.comm_ms},            {"exposed_ms", st.exposed_ms},
                 {"hidden_fraction", st.hidden_fraction}};
+  }
+  nlohmann::ordered_json zero_json = nullptr;
+  if (zero) {
+    const dist::ZeroStats& st = zero->stats();  // the last step's parameter all-gathers
+    zero_json = {{"stage", cfg.zero},         {"all_gathers", st.gathers},       {"bytes", st.bytes},
+                 {"gather_ms", st.gather_ms}, {"exposed_ms", st.exposed_ms}, {"hidden_fraction", st.hidden_fraction}};
+  }
+  // This rank's optimizer state (moments, f32 master weights, step counts) and every rank's
+  // allocator peak (GPU; the CPU backend has no allocator statistics).
+  const int64_t state_bytes = optimizer->state_bytes();
+  nlohmann::ordered_json peaks = nullptr;
+  nlohmann::ordered_json state_per_rank = nlohmann::ordered_json::array();
+  {
+    Tensor mine = from_vector(std::vector<int64_t>{
+        state_bytes, on_gpu ? static_cast<int64_t>(cuda::max_memory_allocated(device.index)) : int64_t{-1}});
+    Tensor all = empty({2 * world.size}, DType::i64);  // (2 * world,) per rank: state, peak
+    world.cpu_group->all_gather(all, mine)->synchronize();
+    std::vector<int64_t> v = all.to_vector<int64_t>();
+    if (on_gpu) peaks = nlohmann::ordered_json::array();
+    for (int r = 0; r < world.size; ++r) {
+      state_per_rank.push_back(v[2 * r]);
+      if (on_gpu) peaks.push_back(v[2 * r + 1]);
+    }
   }
   if (!lead) return 0;
   for (size_t i = 0; i < loss_values.size(); ++i) {
@@ -206,6 +241,11 @@ int run_benchmark(const Config& cfg) {
       {"loss_first", loss_values.front()},  // before any update
       {"loss_last", loss_values.back()},
       {"ddp", ddp_json},
+      {"zero_stage", cfg.zero},
+      {"zero", zero_json},
+      {"optimizer_state_bytes", state_bytes},
+      {"optimizer_state_bytes_per_rank", state_per_rank},
+      {"peak_memory_bytes_per_rank", peaks},
   };
 
   std::fprintf(stderr,
@@ -261,6 +301,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-overlap-optimizer", cfg.no_overlap_optimizer,
                "DDP: wait for every bucket before the optimizer step (default: update the other parameters while "
                "the last bucket travels)");
+  app.add_option("--zero", cfg.zero,
+                 "ZeRO stage: 0 plain DDP, 1 optimizer state sharded across ranks, 2 gradients too (makes a DDP "
+                 "even for one process)")
+      ->check(CLI::Range(0, 2));
   app.add_option("--trace", cfg.trace,
                  "after warm-up, record one more step and write it here as a Chrome trace (every rank in one "
                  "file; open in ui.perfetto.dev)");

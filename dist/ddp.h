@@ -9,6 +9,7 @@
 // its bucket down; a complete bucket's all-reduce is launched right away on the communication
 // stream, in bucket order on every rank. When backward ends, the compute stream waits on the
 // buckets' completion events — the host never blocks. Averaging happens in the collective.
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -39,6 +40,13 @@ struct DdpOptions {
   // ddp.step(optimizer), and call ddp.wait_for_gradients() before anything else that reads every
   // gradient (clip_grad_norm_, a GradScaler: those cannot overlap the step).
   bool overlap_optimizer = false;
+  // ZeRO (dist/zero.h): 0 is plain DDP. 1 and 2 are for a dist::ZeroRedundancyOptimizer made over
+  // this DDP: every bucket is padded to a multiple of the world size, so each rank owns an equal,
+  // contiguous shard of it. Stage 2 reduce-scatters each bucket as it completes (instead of the
+  // all-reduce): a rank keeps only its shard of the averaged gradients, and the full bucket is
+  // released once its collective is done (the parameters' .grad are then undefined until the next
+  // forward). comm_dtype and overlap_optimizer are for stage 0 only.
+  int zero_stage = 0;
 };
 
 // What the last synchronised backward did. On GPUs the times come from CUDA events and are read
@@ -54,6 +62,12 @@ struct DdpStats {
   std::vector<int64_t> launched_after_gradients;
   int64_t total_gradients = 0;
 };
+
+// The share of a collective's time that other work hid: 1 - exposed / comm, clamped to [0, 1].
+inline double hidden_fraction(double comm_ms, double exposed_ms) {
+  const double hidden = comm_ms > 0 ? 1.0 - exposed_ms / comm_ms : 0.0;
+  return hidden < 0 ? 0.0 : (hidden > 1 ? 1.0 : hidden);
+}
 
 class DistributedDataParallel {
  public:
@@ -98,6 +112,20 @@ class DistributedDataParallel {
   // The bucket plan: parameter indices (registration order) per bucket, in launch order.
   std::vector<std::vector<int64_t>> bucket_plan() const;
 
+  // ---- what a ZeroRedundancyOptimizer over this DDP uses ----
+  const DdpOptions& options() const { return options_; }
+  const std::vector<Tensor>& parameters() const { return params_; }  // those that require grad, in order
+  // Where bucket b (launch order) keeps each of its parameters: element offsets in the flat,
+  // padded bucket of `bucket_numel(b)` elements.
+  std::vector<int64_t> bucket_offsets(size_t bucket) const;
+  int64_t bucket_numel(size_t bucket) const;
+  // This rank's shard of bucket b's averaged gradient (numel / world size elements): a view of
+  // the bucket (stage 1) or the buffer the reduce-scatter writes (stage 2). Valid for the life of
+  // this DDP; its content is this step's once backward has finished.
+  Tensor gradient_shard(size_t bucket) const;
+  // Called at the start of every forward (ZeRO waits there for the parameters' all-gathers).
+  void set_before_forward(std::function<void()> callback) { before_forward_ = std::move(callback); }
+
  private:
   struct Bucket;
   void check_same_model_everywhere();
@@ -110,6 +138,7 @@ class DistributedDataParallel {
   void launch_ready_buckets();
   void launch(Bucket& bucket);
   void finish_backward();
+  void allocate(Bucket& bucket);
 
   std::shared_ptr<nn::Module> module_;
   DdpOptions options_;
@@ -135,6 +164,7 @@ class DistributedDataParallel {
   struct Timing;
   std::unique_ptr<Timing> timing_;
   Timeline* timeline_ = nullptr;
+  std::function<void()> before_forward_;
   // The hooks on the parameters reach this object through here; the destructor clears it, so a
   // module that outlives its DDP wrapper never calls into freed memory.
   std::shared_ptr<DistributedDataParallel*> self_;

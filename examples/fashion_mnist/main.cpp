@@ -5,6 +5,7 @@
 //
 //   fashion_mnist --model cnn --epochs 15
 //   mpirun -np 2 fashion_mnist --model mlp --epochs 10 --batch-size 128
+//   mpirun -np 4 fashion_mnist --model cnn --zero 2   (ZeRO: optimizer state and gradients sharded)
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -23,6 +24,7 @@
 #include "tandem/data/idx.h"
 #include "tandem/data/loader.h"
 #include "tandem/dist/ddp.h"
+#include "tandem/dist/zero.h"
 #include "tandem/optim/adamw.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/optim/sgd.h"
@@ -51,6 +53,7 @@ struct Config {
   int64_t log_every = 100;
   int64_t max_steps_per_epoch = 0;  // 0: the whole epoch (a smaller value is for quick checks)
   std::string precision = "f32";    // f32, tf32 (f32 with TF32 matmuls), bf16 or fp16
+  int zero = 0;                     // ZeRO stage: 0 (plain DDP), 1 or 2
 };
 
 std::string format_seconds(double s) {
@@ -170,9 +173,13 @@ int run(const Config& cfg) {
     TANDEM_THROW(ValueError, "unknown optimizer '", cfg.optimizer, "': expected adamw or sgd");
   }
 
+  // Plain DDP loads the checkpoint first (construction broadcasts rank 0's parameters). ZeRO
+  // wraps the optimizer first: every rank then reads the unsharded checkpoint and keeps its shard
+  // of the optimizer state, whatever world size saved it.
   train::TrainingPosition position;
   std::optional<train::LoadedCheckpoint> resumed;
-  if (!cfg.resume.empty()) {
+  auto resume = [&] {
+    if (cfg.resume.empty()) return;
     try {
       resumed = train::load_checkpoint(cfg.resume, *model, opt.get(), scaler.is_enabled() ? &scaler : nullptr,
                                        {cfg.model, cfg.precision});
@@ -183,10 +190,22 @@ int run(const Config& cfg) {
     position = resumed->position;
     if (lead) std::printf("resumed from %s at epoch %lld, step %lld\n", cfg.resume.c_str(),
                           static_cast<long long>(position.epoch), static_cast<long long>(position.step));
-  }
+  };
+  if (cfg.zero == 0) resume();
 
   std::unique_ptr<dist::DistributedDataParallel> ddp;
-  if (world.size > 1) ddp = std::make_unique<dist::DistributedDataParallel>(model);
+  dist::ZeroRedundancyOptimizer* zero = nullptr;
+  if (world.size > 1 || cfg.zero > 0) {
+    dist::DdpOptions ddp_options;
+    ddp_options.zero_stage = cfg.zero;
+    ddp = std::make_unique<dist::DistributedDataParallel>(model, ddp_options);
+  }
+  if (cfg.zero > 0) {
+    auto sharded = std::make_unique<dist::ZeroRedundancyOptimizer>(*ddp, std::move(opt));
+    zero = sharded.get();
+    opt = std::move(sharded);
+    resume();
+  }
   auto forward = [&](const Tensor& x) { return ddp ? ddp->forward(x) : model->forward(x); };
 
   dist::DistributedSampler train_shard(train.images.shape()[0], world.rank, world.size, true, cfg.seed);
@@ -283,6 +302,7 @@ int run(const Config& cfg) {
       }
     }
     double epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+    if (zero) zero->wait_for_parameters();  // the last step's all-gathers, before the model is read directly
     EvalResult eval = evaluate(*model, test_loader, dtype);
     position.epoch = epoch + 1;
     nlohmann::json ddp_json;
@@ -296,6 +316,18 @@ int run(const Config& cfg) {
                     "hidden %.0f%%\n",
                     static_cast<long long>(st.buckets), static_cast<double>(st.bytes) / 1e6, st.comm_ms, st.exposed_ms,
                     100.0 * st.hidden_fraction);
+      }
+    }
+    if (zero) {
+      const dist::ZeroStats& st = zero->stats();
+      ddp_json["zero"] = {{"stage", cfg.zero}, {"all_gathers", st.gathers}, {"gather_ms", st.gather_ms},
+                          {"exposed_ms", st.exposed_ms}, {"hidden_fraction", st.hidden_fraction},
+                          {"optimizer_state_bytes", opt->state_bytes()}};
+      if (lead) {
+        std::printf("zero %d: %lld parameter all-gathers, %.3f ms, exposed %.3f ms, hidden %.0f%%, optimizer state "
+                    "%.2f MB on this rank\n",
+                    cfg.zero, static_cast<long long>(st.gathers), st.gather_ms, st.exposed_ms,
+                    100.0 * st.hidden_fraction, static_cast<double>(opt->state_bytes()) / 1e6);
       }
     }
     if (lead) {
@@ -315,6 +347,8 @@ int run(const Config& cfg) {
                                 {"epochs", std::to_string(cfg.epochs)}, {"total_steps", std::to_string(total_steps)}},
                                scaler.is_enabled() ? &scaler : nullptr);
       }
+    } else if (zero && !cfg.save.empty()) {
+      opt->state_dict();  // ZeRO gathers the unsharded state on every rank: take part in rank 0's save
     }
   }
   if (lead) {
@@ -342,7 +376,10 @@ int main(int argc, char** argv) {
   app.add_option("--device", cfg.device, "auto (a GPU when present), cpu, cuda or cuda:N");
   app.add_option("--data", cfg.data, "Fashion-MNIST directory (default: $TANDEM_DATA_DIR or the dataset-fashion-mnist package)");
   app.add_option("--save", cfg.save, "checkpoint written after every epoch (safetensors)");
-  app.add_option("--resume", cfg.resume, "checkpoint to continue from");
+  app.add_option("--resume", cfg.resume, "checkpoint to continue from (under --zero: saved at any world size)");
+  app.add_option("--zero", cfg.zero,
+                 "ZeRO stage: 0 plain DDP, 1 optimizer state sharded across ranks, 2 gradients sharded too")
+      ->check(CLI::Range(0, 2));
   app.add_option("--metrics", cfg.metrics, "JSON file of per-epoch metrics");
   app.add_option("--seed", cfg.seed, "seed for the initial weights and the data order")
       ->check(fashion::whole_number_at_least(0));
