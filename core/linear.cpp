@@ -4,7 +4,11 @@
 #include <cstdint>
 
 #include "tandem/core/backend.h"
-#include "tandem/core/kernels.h"
+#include "tandem/core/copy.h"
+#include "tandem/core/elementwise.h"
+#include "tandem/core/linear.h"
+#include "tandem/core/matmul.h"
+#include "tandem/core/reduce.h"
 #include "tandem/core/views.h"
 
 namespace tandem::kernels {
