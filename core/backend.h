@@ -14,6 +14,9 @@ namespace tandem {
 #define TANDEM_BACKEND_KERNELS                                                                      \
   /* x is already expanded to out's shape; out is contiguous */                                    \
   void unary(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double beta);            \
+  /* out = grad * op'(x), all of one shape and floating dtype; out contiguous */                   \
+  void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& out,           \
+                      double alpha, double beta);                                                   \
   /* a, b are expanded to out's shape; out is contiguous */                                        \
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);                    \
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);              \

@@ -10,21 +10,10 @@ namespace tandem {
 
 const char* unary_op_name(UnaryOp op) {
   switch (op) {
-    case UnaryOp::neg: return "neg";
-    case UnaryOp::abs: return "abs";
-    case UnaryOp::exp: return "exp";
-    case UnaryOp::log: return "log";
-    case UnaryOp::sqrt: return "sqrt";
-    case UnaryOp::rsqrt: return "rsqrt";
-    case UnaryOp::tanh: return "tanh";
-    case UnaryOp::sigmoid: return "sigmoid";
-    case UnaryOp::relu: return "relu";
-    case UnaryOp::gelu_tanh: return "gelu(tanh)";
-    case UnaryOp::gelu_erf: return "gelu(erf)";
-    case UnaryOp::sign: return "sign";
-    case UnaryOp::pow_scalar: return "pow";
-    case UnaryOp::clamp: return "clamp";
-    case UnaryOp::scale: return "scale";
+#define TANDEM_NAME(o, name, ...) \
+  case UnaryOp::o: return name;
+    TANDEM_UNARY_OPS(TANDEM_NAME)
+#undef TANDEM_NAME
     case UnaryOp::logical_not: return "logical_not";
   }
   return "unary";
@@ -32,58 +21,66 @@ const char* unary_op_name(UnaryOp op) {
 
 const char* binary_op_name(BinaryOp op) {
   switch (op) {
-    case BinaryOp::add: return "add";
-    case BinaryOp::sub: return "sub";
-    case BinaryOp::mul: return "mul";
-    case BinaryOp::div: return "div";
-    case BinaryOp::pow: return "pow";
-    case BinaryOp::maximum: return "maximum";
-    case BinaryOp::minimum: return "minimum";
-    case BinaryOp::eq: return "eq";
-    case BinaryOp::ne: return "ne";
-    case BinaryOp::lt: return "lt";
-    case BinaryOp::le: return "le";
-    case BinaryOp::gt: return "gt";
-    case BinaryOp::ge: return "ge";
-    case BinaryOp::relu_backward: return "relu_backward";
-    case BinaryOp::gelu_tanh_backward: return "gelu_tanh_backward";
-    case BinaryOp::gelu_erf_backward: return "gelu_erf_backward";
+#define TANDEM_NAME(o, name, ...) \
+  case BinaryOp::o: return name;
+    TANDEM_BINARY_OPS(TANDEM_NAME)
+#undef TANDEM_NAME
   }
   return "binary";
 }
 
-
 bool is_comparison(BinaryOp op) {
-  return op == BinaryOp::eq || op == BinaryOp::ne || op == BinaryOp::lt || op == BinaryOp::le ||
-         op == BinaryOp::gt || op == BinaryOp::ge;
+  switch (op) {
+#define TANDEM_DOMAIN(o, name, domain, ...) \
+  case BinaryOp::o: return elementwise::Domain::domain == elementwise::Domain::comparison;
+    TANDEM_BINARY_OPS(TANDEM_DOMAIN)
+#undef TANDEM_DOMAIN
+  }
+  return false;
 }
 
 bool is_floating_only(UnaryOp op) {
   switch (op) {
-    case UnaryOp::exp:
-    case UnaryOp::log:
-    case UnaryOp::sqrt:
-    case UnaryOp::rsqrt:
-    case UnaryOp::tanh:
-    case UnaryOp::sigmoid:
-    case UnaryOp::gelu_tanh:
-    case UnaryOp::gelu_erf:
-    case UnaryOp::pow_scalar: return true;
-    default: return false;
+#define TANDEM_DOMAIN(o, name, domain, ...) \
+  case UnaryOp::o: return elementwise::Domain::domain == elementwise::Domain::floating;
+    TANDEM_UNARY_OPS(TANDEM_DOMAIN)
+#undef TANDEM_DOMAIN
+    case UnaryOp::logical_not: return false;
   }
+  return false;
 }
 
 bool is_floating_only(BinaryOp op) {
-  return op == BinaryOp::div || op == BinaryOp::pow || op == BinaryOp::relu_backward ||
-         op == BinaryOp::gelu_tanh_backward || op == BinaryOp::gelu_erf_backward;
+  switch (op) {
+#define TANDEM_DOMAIN(o, name, domain, ...) \
+  case BinaryOp::o: return elementwise::Domain::domain == elementwise::Domain::floating;
+    TANDEM_BINARY_OPS(TANDEM_DOMAIN)
+#undef TANDEM_DOMAIN
+  }
+  return false;
 }
 
 namespace kernels {
 
 Tensor unary(UnaryOp op, const Tensor& x, double alpha, double beta) {
+  if (op == UnaryOp::pow_scalar && alpha == 2.0) op = UnaryOp::square;  // a multiply, not std::pow
   DType out_dtype = op == UnaryOp::logical_not ? DType::boolean : x.dtype();
   Tensor out = empty(x.shape(), TensorOptions(out_dtype, x.device()));
   TANDEM_ROUTE(x.device(), unary, op, x, out, alpha, beta);
+  return out;
+}
+
+Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, double alpha, double beta) {
+  if (op == UnaryOp::pow_scalar && alpha == 2.0) op = UnaryOp::square;
+  const char* name = unary_op_name(op);
+  check_same_device(name, grad, x);
+  check_same_dtype(name, grad, x);
+  check_floating(name, x);
+  TANDEM_CHECK_AS(ValueError, op != UnaryOp::logical_not, "unary_backward: logical_not has no gradient");
+  TANDEM_CHECK_AS(ValueError, grad.shape() == x.shape(), name, " backward: the gradient's shape ",
+                  shape_str(grad.shape()), " differs from the input's ", shape_str(x.shape()));
+  Tensor out = empty(x.shape(), x.options());
+  TANDEM_ROUTE(x.device(), unary_backward, op, grad, x, out, alpha, beta);
   return out;
 }
 
