@@ -10,25 +10,36 @@ namespace tandem {
 
 // One SGD step, PyTorch's rule: g = grad + weight_decay * p; with momentum, buf = g on the first
 // step and buf = momentum * buf + (1 - dampening) * g after it; g = nesterov ? g + momentum * buf
-// : buf; p -= lr * g.
+// : buf; p -= lr * g. The one declaration of SGD's hyper-parameters, in torch.optim.SGD's order
+// and with its defaults: optim::SgdOptions is this struct.
 struct SgdHyper {
   double lr = 1e-3;
   double momentum = 0.0;
   double dampening = 0.0;
   double weight_decay = 0.0;
-  bool nesterov = false;
-  bool first_step = false;  // the momentum buffers hold nothing yet: they are set to g, not read
+  bool nesterov = false;  // needs momentum > 0 and dampening 0
+  // Optimizer-wide (optim::SGD's constructor reads it; the kernels do not): f16/bf16 parameters
+  // are updated through f32 master weights.
+  bool master_weights = true;
+  // Set by the optimizer per step, not an option: the momentum buffers hold nothing yet, so they
+  // are set to g, not read.
+  bool first_step = false;
 };
 
 // One AdamW step, PyTorch's rule: p *= 1 - lr * weight_decay; m = beta1 m + (1 - beta1) g;
 // v = beta2 v + (1 - beta2) g^2; p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), where
 // bc1 = 1 - beta1^t and bc2 = 1 - beta2^t for the parameter's step t (its step count + 1).
+// The one declaration of AdamW's hyper-parameters, in torch.optim.AdamW's order and with its
+// defaults: optim::AdamWOptions is this struct.
 struct AdamWHyper {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  // Optimizer-wide (optim::AdamW's constructor reads it; the kernels do not): f16/bf16 parameters
+  // are updated through f32 master weights.
+  bool master_weights = true;
 };
 
 // The tensors of one fused optimizer update, one entry per parameter in every list.
