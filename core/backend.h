@@ -1,7 +1,7 @@
 #pragma once
 // The functions every device backend implements, declared once for both: core/cpu/ implements
 // namespace cpu, core/cuda/ (or the no-CUDA stubs in core/no_cuda/) implements namespace cuda.
-// Callers are the device-neutral kernels in core/kernels.cpp, which check arguments and allocate
+// Callers are the device-neutral kernels in core/<family>.cpp, which check arguments and allocate
 // outputs first: backends receive outputs of the right shape and dtype on the right device.
 #include <cstddef>
 #include <cstdint>
