@@ -10,6 +10,8 @@
 //   train_step --workload resnet18 --precision tf32    (256 images of 3x32x32)
 //   mpirun -np 2 train_step --workload mlp --precision bf16 --bucket-mb 25
 //   train_step --device cpu --batch 8 --steps 3 --warmup 1
+//   train_step --workload gpt2 --precision bf16 --profile gpt2.json   (step profile for bench/scaling_model)
+//   mpirun -np 4 train_step --workload gpt2 --precision bf16 --bucket-mb auto --topology h200x4
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -25,9 +27,11 @@
 #include <vector>
 
 #include "tandem/core/cuda_api.h"
+#include "tandem/dist/bucket_plan.h"
 #include "tandem/dist/ddp.h"
 #include "tandem/dist/timeline.h"
 #include "tandem/tandem.h"
+#include "step_profile.h"
 #include "step_trace.h"
 #include "workloads.h"
 
@@ -45,12 +49,14 @@ struct Config {
   int64_t steps = 50;
   std::string json;  // also written here when set
   // Data parallel (under mpirun): DistributedDataParallel's options.
-  double bucket_mb = 25.0;
+  std::string bucket_mb = "25";     // MB, or auto: planned from a profile of this step (dist/bucket_plan.h)
+  std::string topology = "h200x4";  // the link model --bucket-mb auto plans for (dist/scaling_model.h)
   double first_bucket_mb = 1.0;     // the last layers' gradients, so communication starts early
   std::string comm_dtype = "same";  // same (the gradients' dtype), f32 or bf16
   bool no_overlap = false;
   bool no_overlap_optimizer = false;
   std::string trace;  // when set: a Chrome trace of one more step after warm-up (bench/step_trace.h)
+  std::string profile;  // when set: the step profile of one more step after warm-up (bench/step_profile.h)
 };
 
 // What a precision name means in tandem: the dtype of parameters, activations and data; the f32
@@ -97,30 +103,20 @@ int run_benchmark(const Config& cfg) {
   adamw.lr = 1e-4;  // torch.optim.AdamW's defaults otherwise
   optim::AdamW optimizer(model->parameters(), adamw);
 
-  dist::Timeline timeline(device);  // records only the one step traced for --trace
+  dist::Timeline timeline(device);  // records only the one step traced for --trace or --profile
   std::unique_ptr<dist::DistributedDataParallel> ddp;
-  if (world.size > 1) {
-    dist::DdpOptions options;
-    options.bucket_cap_mb = cfg.bucket_mb;
-    options.first_bucket_mb = cfg.first_bucket_mb;
-    options.overlap = !cfg.no_overlap;
-    // A GradScaler reads every gradient before the step, so the step cannot overlap the last bucket.
-    options.overlap_optimizer = !cfg.no_overlap_optimizer && !precision.grad_scaler;
-    if (cfg.comm_dtype == "f32") options.comm_dtype = DType::f32;
-    if (cfg.comm_dtype == "bf16") options.comm_dtype = DType::bf16;
-    ddp = std::make_unique<dist::DistributedDataParallel>(model, options);
-    ddp->set_timeline(&timeline);
-  }
+  std::unique_ptr<bench::GradientMarks> marks;
+  if (!cfg.profile.empty() || cfg.bucket_mb == "auto") marks = std::make_unique<bench::GradientMarks>(*model, timeline);
   const bench::Forward forward = [&](const Tensor& x) { return ddp ? ddp->forward(x) : (*model)(x); };
 
   std::optional<amp::GradScaler> scaler;
   if (precision.grad_scaler) scaler.emplace(device);
 
   // One step; returns the loss, detached and still on the device, so no step waits for the host.
-  auto step = [&]() -> Tensor {
+  auto step_with = [&](optim::Optimizer& opt) -> Tensor {
     // timeline.begin()/end(): the spans of --trace's step; they return at once otherwise.
     timeline.begin("zero_grad");
-    optimizer.zero_grad(/*set_to_none=*/true);
+    opt.zero_grad(/*set_to_none=*/true);
     timeline.end();
     timeline.begin("forward + loss");
     Tensor loss = bench::workload_loss(cfg.workload, forward, data);
@@ -131,7 +127,7 @@ int run_benchmark(const Config& cfg) {
       scaled.backward();
       timeline.end();
       timeline.begin("optimizer");
-      scaler->step(optimizer);
+      scaler->step(opt);
       scaler->update();
       timeline.end();
       return loss.detach();
@@ -140,22 +136,65 @@ int run_benchmark(const Config& cfg) {
     loss.backward();
     timeline.end();
     timeline.begin("optimizer");
-    if (ddp) ddp->step(optimizer);  // with the last bucket's all-reduce overlapped
-    else optimizer.step();
+    if (ddp) ddp->step(opt);  // with the last bucket's all-reduce overlapped
+    else opt.step();
     timeline.end();
     return loss.detach();
   };
+  auto step = [&]() -> Tensor { return step_with(optimizer); };
+
+  const nlohmann::ordered_json bucket_json = cfg.bucket_mb == "auto" ? nlohmann::ordered_json("auto")
+                                                                    : nlohmann::ordered_json(std::stod(cfg.bucket_mb));
+  const dist::scaling::ModelParameters model_parameters;  // bench/scaling_model --calibrate's defaults
+  dist::BucketPlan auto_plan;
+  if (world.size > 1) {
+    dist::DdpOptions options;
+    if (cfg.bucket_mb == "auto") {
+      // Each rank profiles its own step before DDP exists (a scratch optimizer, so the real one
+      // starts fresh; DDP then broadcasts rank 0's parameters), rank 0 plans and broadcasts.
+      optim::AdamW scratch(model->parameters(), adamw);
+      for (int i = 0; i < 2; ++i) step_with(scratch);
+      dist::scaling::StepProfile profile = marks->profile([&] { step_with(scratch); });
+      scratch.zero_grad(/*set_to_none=*/true);
+      dist::scaling::SimulationOptions sim;
+      sim.gpus = world.size;
+      sim.topology = dist::scaling::topology_from_name(cfg.topology);
+      sim.parameters = model_parameters;
+      sim.overlap = !cfg.no_overlap;
+      sim.overlap_optimizer = !cfg.no_overlap_optimizer && !precision.grad_scaler;
+      if (cfg.comm_dtype != "same") sim.comm_element_bytes = cfg.comm_dtype == "bf16" ? 2 : 4;
+      auto_plan = dist::decide_bucket_plan(profile, sim, *world.cpu_group);
+      options.bucket_plan = auto_plan.buckets;
+      if (lead) {
+        std::fprintf(stderr, "train_step: --bucket-mb auto: %zu buckets (%s), predicted %.3f ms/step on %s\n",
+                     auto_plan.buckets.size(), auto_plan.chosen.c_str(), auto_plan.prediction.step_ms,
+                     cfg.topology.c_str());
+      }
+    } else {
+      options.bucket_cap_mb = std::stod(cfg.bucket_mb);
+    }
+    options.first_bucket_mb = cfg.first_bucket_mb;
+    options.overlap = !cfg.no_overlap;
+    // A GradScaler reads every gradient before the step, so the step cannot overlap the last bucket.
+    options.overlap_optimizer = !cfg.no_overlap_optimizer && !precision.grad_scaler;
+    if (cfg.comm_dtype == "f32") options.comm_dtype = DType::f32;
+    if (cfg.comm_dtype == "bf16") options.comm_dtype = DType::bf16;
+    ddp = std::make_unique<dist::DistributedDataParallel>(model, options);
+    ddp->set_timeline(&timeline);
+  }
 
   std::vector<Tensor> losses;  // () each, one per step, warm-up included
   for (int64_t i = 0; i < cfg.warmup; ++i) losses.push_back(step());
   if (!cfg.trace.empty()) {  // one more step, untimed and left out of the losses, as a timeline
     bench::trace_step(timeline, [&] { step(); }, cfg.trace,
                       {{"workload", cfg.workload}, {"precision", cfg.precision}, {"batch", batch},
-                       {"world_size", world.size}, {"bucket_mb", cfg.bucket_mb},
+                       {"world_size", world.size}, {"bucket_mb", bucket_json},
                        {"first_bucket_mb", cfg.first_bucket_mb}, {"comm_dtype", cfg.comm_dtype},
                        {"overlap", !cfg.no_overlap},
                        {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler}});
   }
+  dist::scaling::StepProfile profile;
+  if (!cfg.profile.empty()) profile = marks->profile([&] { step(); });  // one more untimed step
   if (on_gpu) {
     cuda::synchronize(device.index);
     cuda::reset_peak_memory_stats(device.index);
@@ -186,12 +225,18 @@ int run_benchmark(const Config& cfg) {
   nlohmann::ordered_json ddp_json = nullptr;
   if (ddp) {
     const dist::DdpStats& st = ddp->stats();  // the last step's
-    ddp_json = {{"world_size", world.size},         {"bucket_mb", cfg.bucket_mb},
+    ddp_json = {{"world_size", world.size},         {"bucket_mb", bucket_json},
                 {"comm_dtype", cfg.comm_dtype},     {"overlap", !cfg.no_overlap},
                 {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler},
                 {"buckets", st.buckets},            {"bytes", st.bytes},
                 {"comm_ms", st.comm_ms},            {"exposed_ms", st.exposed_ms},
                 {"hidden_fraction", st.hidden_fraction}};
+    if (cfg.bucket_mb == "auto") {
+      ddp_json["bucket_plan"] = {{"chosen", auto_plan.chosen},
+                                 {"topology", cfg.topology},
+                                 {"predicted_step_ms", auto_plan.prediction.step_ms},
+                                 {"buckets", auto_plan.buckets}};
+    }
   }
   if (!lead) return 0;
   for (size_t i = 0; i < loss_values.size(); ++i) {
@@ -205,6 +250,15 @@ int run_benchmark(const Config& cfg) {
 
   const double med = median(step_ms);
   const double min = *std::min_element(step_ms.begin(), step_ms.end());
+  if (!cfg.profile.empty()) {
+    profile.workload = cfg.workload;
+    profile.precision = cfg.precision;
+    profile.device = device.str();
+    profile.commit = TANDEM_SOURCE_COMMIT;
+    profile.source = "train_step --profile";
+    profile.step_ms = med;  // the timed steps' median; the spans are the profiled step's
+    bench::write_profile(profile, cfg.profile);
+  }
   const double samples_per_s = static_cast<double>(batch) / (med / 1e3);  // gpt2: sequences per second
   const int64_t tokens = spec.tokens_per_sample();
   nlohmann::ordered_json result = {
@@ -267,8 +321,12 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", cfg.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--steps", cfg.steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--json", cfg.json, "also write the result JSON to this file");
-  app.add_option("--bucket-mb", cfg.bucket_mb, "DDP: gradient bucket size in MB (under mpirun)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--bucket-mb", cfg.bucket_mb,
+                 "DDP: gradient bucket size in MB (under mpirun), or auto: buckets planned from a profile of this "
+                 "step and the link model of --topology")
+      ->check(CLI::PositiveNumber | CLI::IsMember({"auto"}));
+  app.add_option("--topology", cfg.topology,
+                 "--bucket-mb auto: the links to plan for (h200x4, nvlink8-ib8x400, nvlink8-eth100, ...)");
   app.add_option("--first-bucket-mb", cfg.first_bucket_mb,
                  "DDP: size of the first bucket in MB (equal to --bucket-mb and above the model's size: one bucket)")
       ->check(CLI::PositiveNumber);
@@ -281,6 +339,9 @@ int main(int argc, char** argv) {
   app.add_option("--trace", cfg.trace,
                  "after warm-up, record one more step and write it here as a Chrome trace (every rank in one "
                  "file; open in ui.perfetto.dev)");
+  app.add_option("--profile", cfg.profile,
+                 "after warm-up, profile one more step (forward, backward, optimizer, each gradient's ready time) "
+                 "and write it here as JSON for bench/scaling_model");
   CLI11_PARSE(app, argc, argv);
   try {
     return run_benchmark(cfg);

@@ -39,6 +39,10 @@ struct DdpOptions {
   // ddp.step(optimizer), and call ddp.wait_for_gradients() before anything else that reads every
   // gradient (clip_grad_norm_, a GradScaler: those cannot overlap the step).
   bool overlap_optimizer = false;
+  // An explicit plan (dist/bucket_plan.h: plan_buckets, decide_bucket_plan): parameter indices in
+  // registration order, bucket by bucket in launch order, each parameter once, one dtype per
+  // bucket. It must be the same on every rank. Empty: buckets from bucket_cap_mb/first_bucket_mb.
+  std::vector<std::vector<int64_t>> bucket_plan;
 };
 
 // What the last synchronised backward did. On GPUs the times come from CUDA events and are read
