@@ -47,7 +47,7 @@ ModelParameters read_parameters(const std::string& path) {
   ModelParameters p;
   p.compute_slowdown = j.at("compute_slowdown").get<double>();
   p.bucket_overhead_us = j.at("bucket_overhead_us").get<double>();
-  p.ddp_ms_per_gb = j.at("ddp_ms_per_gb").get<double>();
+  p.sync_share = j.at("sync_share").get<double>();
   return p;
 }
 
@@ -154,8 +154,8 @@ int validate(const std::string& docs, const std::string& params_path) {
   std::vector<std::string> calibration = pj.at("calibrated_on").get<std::vector<std::string>>();
   std::vector<Run> runs = read_runs(docs);
   std::map<std::string, StepProfile> cache;
-  std::printf("model parameters (%s): compute slowdown %.3f, bucket overhead %.1f us, DDP %.3f ms/GB\n",
-              params_path.c_str(), par.compute_slowdown, par.bucket_overhead_us, par.ddp_ms_per_gb);
+  std::printf("model parameters (%s): compute slowdown %.3f, bucket overhead %.1f us, sync share %.4f\n",
+              params_path.c_str(), par.compute_slowdown, par.bucket_overhead_us, par.sync_share);
   std::printf("%-28s %-9s %-5s %4s %-22s %8s %8s %7s  %7s %7s %7s\n", "run", "workload", "prec", "gpus", "setting",
               "measured", "predict", "error", "exposed", "slowdn", "ovhd");
   double sum = 0, worst = 0;
@@ -195,8 +195,8 @@ int calibrate(const std::string& docs, const std::string& params_path) {
   double best_error = 1e300;
   for (double slowdown = 0; slowdown <= 1.5001; slowdown += 0.025) {
     for (double overhead = 0; overhead <= 200; overhead += 5) {
-      for (double per_gb = 0; per_gb <= 8.0001; per_gb += 0.1) {
-        ModelParameters par{slowdown, overhead, per_gb};
+      for (double share = 0; share <= 0.1; share += 0.0025) {
+        ModelParameters par{slowdown, overhead, share};
         double error = 0;
         for (const Run& run : chosen) {
           StepPrediction p = predict_run(run, par, cache);
@@ -209,11 +209,11 @@ int calibrate(const std::string& docs, const std::string& params_path) {
   }
   pj["compute_slowdown"] = best.compute_slowdown;
   pj["bucket_overhead_us"] = best.bucket_overhead_us;
-  pj["ddp_ms_per_gb"] = best.ddp_ms_per_gb;
+  pj["sync_share"] = best.sync_share;
   std::ofstream(params_path) << pj.dump(2) << "\n";
-  std::printf("calibrated on %zu runs: compute slowdown %.3f, bucket overhead %.1f us, DDP %.3f ms/GB (rms %.3f ms); "
+  std::printf("calibrated on %zu runs: compute slowdown %.3f, bucket overhead %.1f us, sync share %.4f (rms %.3f ms); "
               "written to %s\n",
-              chosen.size(), best.compute_slowdown, best.bucket_overhead_us, best.ddp_ms_per_gb,
+              chosen.size(), best.compute_slowdown, best.bucket_overhead_us, best.sync_share,
               std::sqrt(best_error / chosen.size()), params_path.c_str());
   return 0;
 }

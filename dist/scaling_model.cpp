@@ -230,9 +230,8 @@ StepPrediction simulate_step(const StepProfile& profile, const ProfilePlan& plan
     out.exposed_ms = std::max(0.0, comm_end - stretched);
     after_backward = out.exposed_ms + optimizer;
   }
-  // Per-bucket costs sit on the communication stream (in cost_ms); DDP's passes over the gradients
-  // (copies into and out of the buckets) on the compute stream.
-  out.overhead_ms = par.ddp_ms_per_gb * double(profile.gradient_bytes()) / 1e9;
+  // Per-bucket costs sit on the communication stream (in cost_ms).
+  out.overhead_ms = par.sync_share * profile.step_ms;
   out.step_ms = profile.other_ms() + profile.forward_ms + stretched + after_backward + out.overhead_ms;
   return out;
 }

@@ -69,7 +69,10 @@ double collective_ms(CollectiveKind kind, double bytes, int gpus, const Topology
 struct ModelParameters {
   double compute_slowdown = 0.5;     // compute time added per ms of communication running beside it
   double bucket_overhead_us = 40;    // per bucket: launch, cast to the wire dtype, events
-  double ddp_ms_per_gb = 2.0;        // per step, per GB of gradients: DDP's own passes over them
+  // The step on several GPUs is also longer by this share of the 1-GPU step, whatever the
+  // buckets: every collective makes the ranks wait for the slowest one, and DDP adds its own work
+  // (hooks, copies of gradients into buckets). Measured, not derived: see the README.
+  double sync_share = 0.03;
 };
 
 struct SimulationOptions {
@@ -91,7 +94,7 @@ struct StepPrediction {
   double compute_ms = 0;      // the 1-GPU step it starts from
   double exposed_ms = 0;      // waits for communication after backward and inside the optimizer
   double slowdown_ms = 0;     // compute stretched by collectives running beside it
-  double overhead_ms = 0;     // fixed per-bucket and per-byte costs
+  double overhead_ms = 0;     // the synchronisation share of the step (ModelParameters::sync_share)
   double comm_ms = 0;         // the collectives' own time, summed
   int64_t buckets = 0;
   int64_t bytes = 0;          // on the wire per step
