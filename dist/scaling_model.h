@@ -65,14 +65,15 @@ enum class CollectiveKind { all_reduce, reduce_scatter, all_gather };
 double collective_ms(CollectiveKind kind, double bytes, int gpus, const Topology& topo,
                      Algorithm algorithm = Algorithm::automatic);
 
-// The model's free parameters, calibrated from measured runs (bench/scaling_model --calibrate).
+// The model's free parameters: the defaults are docs/scaling/model_parameters.json, fitted by
+// bench/scaling_model --calibrate on two named runs of 2026-11-22 (4 H200s).
 struct ModelParameters {
-  double compute_slowdown = 0.5;     // compute time added per ms of communication running beside it
-  double bucket_overhead_us = 40;    // per bucket: launch, cast to the wire dtype, events
+  double compute_slowdown = 0.3;     // compute time added per ms of communication running beside it
+  double bucket_overhead_us = 80;    // per bucket: launch, cast to the wire dtype, events
   // The step on several GPUs is also longer by this share of the 1-GPU step, whatever the
   // buckets: every collective makes the ranks wait for the slowest one, and DDP adds its own work
   // (hooks, copies of gradients into buckets). Measured, not derived: see the README.
-  double sync_share = 0.03;
+  double sync_share = 0.035;
 };
 
 struct SimulationOptions {

@@ -6,6 +6,7 @@
 #include "dist/dist_test_util.h"
 #include "support/test_util.h"
 #include "tandem/dist/bucket_plan.h"
+#include "tandem/core/views.h"
 #include "tandem/dist/ddp.h"
 #include "tandem/optim/sgd.h"
 
@@ -83,7 +84,7 @@ TEST(BucketPlanAcrossRanks, DecidedOnceAndIdenticalOnEveryRank) {
   ddp.step(opt);
   for (const Tensor& p : model->parameters()) {
     Tensor gathered = empty({w.size * p.numel()}, DType::f32);  // (size * numel,)
-    w.cpu_group->all_gather(gathered, p.reshape({p.numel()}).contiguous())->synchronize();
+    w.cpu_group->all_gather(gathered, kernels::contiguous(views::reshape(p.detach(), {p.numel()})))->synchronize();
     std::vector<double> v = gathered.to_double_vector();
     for (int r = 1; r < w.size; ++r) {
       for (int64_t k = 0; k < p.numel(); ++k) ASSERT_EQ(v[r * p.numel() + k], v[k]) << "rank " << r << " element " << k;
