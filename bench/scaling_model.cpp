@@ -30,17 +30,7 @@ using namespace tandem::dist::scaling;
 
 namespace {
 
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  TANDEM_CHECK_AS(ValueError, in.good(), "cannot read ", path);
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    TANDEM_THROW(ValueError, path, ": not JSON: ", e.what());
-  }
-  return j;
-}
+nlohmann::json read_json(const std::string& path) { return bench::read_json_file(path); }
 
 ModelParameters read_parameters(const std::string& path) {
   nlohmann::json j = read_json(path);

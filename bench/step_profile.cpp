@@ -110,17 +110,19 @@ dist::scaling::StepProfile profile_from_json(const nlohmann::json& j, const std:
   return p;
 }
 
-dist::scaling::StepProfile read_profile(const std::string& path) {
+nlohmann::json read_json_file(const std::string& path) {
   std::ifstream in(path);
-  TANDEM_CHECK_AS(ValueError, in.good(), "cannot read the step profile ", path);
+  TANDEM_CHECK_AS(ValueError, in.good(), "cannot read ", path);
   nlohmann::json j;
   try {
     in >> j;
   } catch (const nlohmann::json::exception& e) {
     TANDEM_THROW(ValueError, path, ": not JSON: ", e.what());
   }
-  return profile_from_json(j, path);
+  return j;
 }
+
+dist::scaling::StepProfile read_profile(const std::string& path) { return profile_from_json(read_json_file(path), path); }
 
 void write_profile(const dist::scaling::StepProfile& profile, const std::string& path) {
   std::ofstream out(path);

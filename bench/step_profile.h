@@ -35,6 +35,9 @@ class GradientMarks {
   std::shared_ptr<bool> active_;
 };
 
+// A JSON file, or a ValueError naming the file and what was wrong.
+nlohmann::json read_json_file(const std::string& path);
+
 nlohmann::ordered_json profile_to_json(const dist::scaling::StepProfile& profile);
 dist::scaling::StepProfile profile_from_json(const nlohmann::json& json, const std::string& where);
 dist::scaling::StepProfile read_profile(const std::string& path);
