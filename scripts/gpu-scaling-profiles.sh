@@ -34,21 +34,23 @@ build() {  # build <source dir> <build dir> <targets...>
     { tail -30 "$out/configure-$(basename "$src").log"; exit 1; }
   local args=()
   for t in "$@"; do args+=(--target "$t"); done
-  cmake --build "$dir" -j "$(nproc)" "${args[@]}" > "$out/build-$(basename "$src").log" 2>&1 ||
+  cmake --build "$dir" -j "$(( $(nproc) / 2 + 1 ))" "${args[@]}" > "$out/build-$(basename "$src").log" 2>&1 ||
     { grep -E "error|FAILED" "$out/build-$(basename "$src").log" | head -40; exit 1; }
 }
 
+# Both builds at once, before anything is timed (a busy host slows the short steps down).
 start=$(date +%s)
-build "$root" "$root/build-gpu" train_step scaling_model
 head_commit=$(git -C "$root" rev-parse --short HEAD)
-echo "built $head_commit: $(( $(date +%s) - start )) s"
-
-# The old commit, in a worktree of its own, while this checkout's profiles run.
 old_src=$out/src-$old
 if [ ! -d "$old_src" ]; then git -C "$root" worktree add --detach "$old_src" "$old" > /dev/null; fi
 [ -e "$root/.deps" ] && [ ! -e "$old_src/.deps" ] && ln -s "$root/.deps" "$old_src/.deps"
-(build "$old_src" "$old_src/build-gpu" train_step && echo "built $old: $(( $(date +%s) - start )) s") &
+build "$root" "$root/build-gpu" train_step scaling_model &
+head_build=$!
+build "$old_src" "$old_src/build-gpu" train_step &
 old_build=$!
+wait $head_build || exit 1
+wait $old_build || exit 1
+echo "built $head_commit and $old: $(( $(date +%s) - start )) s"
 
 for w in mlp gpt2 resnet18; do
   for p in bf16 tf32; do
@@ -60,7 +62,6 @@ for w in mlp gpt2 resnet18; do
   cp "$out/${w}_bf16_$head_commit.json" "$profiles/${w}_bf16.json"
 done
 
-wait $old_build
 for w in mlp gpt2 resnet18; do
   for p in bf16 tf32; do
     "$old_src/build-gpu/bench/train_step" --workload $w --precision $p --warmup 10 --steps "$steps" \
