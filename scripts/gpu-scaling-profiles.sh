@@ -9,27 +9,35 @@
 #      the gradient order and shape of step 1's profile;
 #   3. scaling_model --calibrate, --validate and --curves, and the plot.
 # Logs and raw files go to $OUT/scaling (default ./gpu-logs/scaling).
-# Usage: scripts/gpu-scaling-profiles.sh [commit=f5a8258] [steps=30]
+# Usage: scripts/gpu-scaling-profiles.sh [commit=f5a8258] [steps=30] [old_src=DIR] [head=SHA]
+#   old_src: the old commit's sources already extracted (where the checkout has no .git:
+#   `mkdir old-src && git archive f5a8258 | tar -x -C old-src` before copying the tree over);
+#   head: this checkout's commit, where git cannot say it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/gpu-logs}/scaling
 old=f5a8258
 steps=30
+old_src=""
+head_commit=""
 for a in "$@"; do
   case $a in
     commit=*) old=${a#commit=} ;;
     steps=*) steps=${a#steps=} ;;
-    *) echo "gpu-scaling-profiles: unknown argument '$a' (expected commit=SHA or steps=N)" >&2; exit 2 ;;
+    old_src=*) old_src=$(cd "${a#old_src=}" && pwd) ;;
+    head=*) head_commit=${a#head=} ;;
+    *) echo "gpu-scaling-profiles: unknown argument '$a' (expected commit=SHA, steps=N, old_src=DIR or head=SHA)" >&2
+       exit 2 ;;
   esac
 done
 mkdir -p "$out"
 profiles=$root/docs/scaling/profiles
 nvcc_path=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 
-build() {  # build <source dir> <build dir> <targets...>
-  local src=$1 dir=$2
-  shift 2
-  cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+build() {  # build <source dir> <build dir> <extra configure argument> <targets...>
+  local src=$1 dir=$2 extra=$3
+  shift 3
+  cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 $extra \
     -DCMAKE_CUDA_COMPILER="$nvcc_path" > "$out/configure-$(basename "$src").log" 2>&1 ||
     { tail -30 "$out/configure-$(basename "$src").log"; exit 1; }
   local args=()
@@ -40,13 +48,16 @@ build() {  # build <source dir> <build dir> <targets...>
 
 # Both builds at once, before anything is timed (a busy host slows the short steps down).
 start=$(date +%s)
-head_commit=$(git -C "$root" rev-parse --short HEAD)
-old_src=$out/src-$old
-if [ ! -d "$old_src" ]; then git -C "$root" worktree add --detach "$old_src" "$old" > /dev/null; fi
+[ -n "$head_commit" ] || head_commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null) ||
+  { echo "gpu-scaling-profiles: no git here; give head=SHA" >&2; exit 2; }
+if [ -z "$old_src" ]; then
+  old_src=$out/src-$old
+  [ -d "$old_src" ] || git -C "$root" worktree add --detach "$old_src" "$old" > /dev/null
+fi
 [ -e "$root/.deps" ] && [ ! -e "$old_src/.deps" ] && ln -s "$root/.deps" "$old_src/.deps"
-build "$root" "$root/build-gpu" train_step scaling_model &
+(export TANDEM_SOURCE_COMMIT=$head_commit; build "$root" "$root/build-gpu" "" train_step scaling_model) &
 head_build=$!
-build "$old_src" "$old_src/build-gpu" train_step &
+(unset TANDEM_SOURCE_COMMIT; build "$old_src" "$old_src/build-gpu" "" train_step) &
 old_build=$!
 wait $head_build || exit 1
 wait $old_build || exit 1
