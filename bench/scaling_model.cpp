@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -70,7 +71,10 @@ Plan plan_for(const StepProfile& profile, const Setting& s, const SimulationOpti
     return {plan, "auto: " + auto_plan.chosen};
   }
   if (s.bucket == "one") return {plan_for_cap(profile, 1e6, 1e6), "one bucket"};
-  double cap = std::stod(s.bucket);
+  char* end = nullptr;
+  double cap = std::strtod(s.bucket.c_str(), &end);
+  TANDEM_CHECK_AS(ValueError, end && *end == '\0' && cap > 0, "--bucket-mb: expected a positive number of MB, one or auto, got '",
+                  s.bucket, "'");
   return {plan_for_cap(profile, cap, s.first_mb), s.bucket + " MB"};
 }
 

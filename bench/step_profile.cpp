@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 
 #include "tandem/core/error.h"
 
@@ -52,6 +53,12 @@ dist::scaling::StepProfile GradientMarks::profile(const std::function<void()>& s
     if (s.name.rfind(kMark, 0) == 0) marks.emplace_back(s.start_us, std::stoll(s.name.substr(kMark.size())));
   }
   TANDEM_CHECK_AS(ValueError, backward_start >= 0, "step profile: the step recorded no \"backward\" span");
+  // A parameter accumulated twice in one backward (gradient accumulation inside the step) is ready
+  // at its last accumulation.
+  std::map<int64_t, double> last;
+  for (const auto& [start_us, index] : marks) last[index] = std::max(last[index], start_us);
+  marks.clear();
+  for (const auto& [index, start_us] : last) marks.emplace_back(start_us, index);
   std::stable_sort(marks.begin(), marks.end());
   for (const auto& [start_us, index] : marks) {
     const Tensor& p = params_[index].second;
