@@ -5,6 +5,7 @@
 //                                            docs/scaling/model_parameters.json, and write them there
 //   scaling_model --predict --workload gpt2 --gpus 8,64,1024 --topology nvlink8-ib8x400 [--bucket-mb auto]
 //   scaling_model --curves curves.json       every workload x topology x N (1..1024), auto and 25 MB
+//   ... --allreduce allreduce.txt            the link inside a host fitted to bench/allreduce's output
 //
 // Profiles come from docs/scaling/profiles/<workload>_<precision>.json unless --profile names one.
 #include <CLI/CLI.hpp>
@@ -20,10 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "step_profile.h"
 #include "tandem/core/error.h"
 #include "tandem/dist/bucket_plan.h"
 #include "tandem/dist/scaling_model.h"
-#include "step_profile.h"
 
 using namespace tandem;
 using namespace tandem::dist;
@@ -73,8 +74,8 @@ Plan plan_for(const StepProfile& profile, const Setting& s, const SimulationOpti
   if (s.bucket == "one") return {plan_for_cap(profile, 1e6, 1e6), "one bucket"};
   char* end = nullptr;
   double cap = std::strtod(s.bucket.c_str(), &end);
-  TANDEM_CHECK_AS(ValueError, end && *end == '\0' && cap > 0, "--bucket-mb: expected a positive number of MB, one or auto, got '",
-                  s.bucket, "'");
+  TANDEM_CHECK_AS(ValueError, end && *end == '\0' && cap > 0,
+                  "--bucket-mb: expected a positive number of MB, one or auto, got '", s.bucket, "'");
   return {plan_for_cap(profile, cap, s.first_mb), s.bucket + " MB"};
 }
 
@@ -205,10 +206,11 @@ int calibrate(const std::string& docs, const std::string& params_path) {
   pj["bucket_overhead_us"] = best.bucket_overhead_us;
   pj["sync_share"] = best.sync_share;
   std::ofstream(params_path) << pj.dump(2) << "\n";
-  std::printf("calibrated on %zu runs: compute slowdown %.3f, bucket overhead %.1f us, sync share %.4f (rms %.3f ms); "
-              "written to %s\n",
-              chosen.size(), best.compute_slowdown, best.bucket_overhead_us, best.sync_share,
-              std::sqrt(best_error / chosen.size()), params_path.c_str());
+  std::printf(
+      "calibrated on %zu runs: compute slowdown %.3f, bucket overhead %.1f us, sync share %.4f (rms %.3f ms); "
+      "written to %s\n",
+      chosen.size(), best.compute_slowdown, best.bucket_overhead_us, best.sync_share,
+      std::sqrt(best_error / chosen.size()), params_path.c_str());
   return 0;
 }
 
@@ -224,10 +226,43 @@ std::vector<int> parse_gpus(const std::string& text) {
   return out;
 }
 
-int predict(const std::string& profile_path, const std::string& topology, const std::string& gpus,
-            const Setting& setting, const ModelParameters& par) {
+// The link inside a host fitted to bench/allreduce's output (its JSON lines, from one host):
+// time = base + bytes * 2 (n - 1) / n / busbw by least squares over the sizes measured, from
+// tandem's own times (what DDP pays). The hop latency stays as named; the base takes the rest.
+Topology with_measured_link(Topology topo, const std::string& allreduce_output) {
+  if (allreduce_output.empty()) return topo;
+  std::ifstream in(allreduce_output);
+  TANDEM_CHECK_AS(ValueError, in.good(), "cannot read ", allreduce_output);
+  std::vector<double> xs, ys;  // (sizes,) bus bytes and ms
+  int ranks = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || j.value("bench", "") != "allreduce") continue;
+    ranks = j.at("ranks").get<int>();
+    xs.push_back(j.at("bytes").get<double>() * 2.0 * (ranks - 1) / ranks);
+    ys.push_back(j.at("tandem_ms").get<double>());
+  }
+  TANDEM_CHECK_AS(ValueError, xs.size() >= 2 && ranks >= 2, allreduce_output,
+                  ": expected bench/allreduce's JSON lines for at least two sizes on 2 or more ranks, found ",
+                  xs.size(), " sizes on ", ranks, " ranks");
+  double n = double(xs.size()), mx = 0, my = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < xs.size(); ++i) mx += xs[i] / n, my += ys[i] / n;
+  for (size_t i = 0; i < xs.size(); ++i) sxx += (xs[i] - mx) * (xs[i] - mx), sxy += (xs[i] - mx) * (ys[i] - my);
+  double slope = sxy / sxx, intercept_us = (my - slope * mx) * 1e3;  // ms per byte, us
+  TANDEM_CHECK_AS(ValueError, slope > 0, allreduce_output,
+                  ": the times do not grow with the size; cannot fit a bandwidth");
+  topo.intra.busbw_GBps = 1.0 / slope / 1e6;  // bytes per ms -> GB/s
+  topo.base_us = std::max(0.0, intercept_us - 2.0 * (ranks - 1) * topo.intra.hop_us);
+  std::printf("link inside a host from %s (%d ranks, %zu sizes): bus bandwidth %.1f GB/s, base %.1f us\n",
+              allreduce_output.c_str(), ranks, xs.size(), topo.intra.busbw_GBps, topo.base_us);
+  return topo;
+}
+
+int predict(const std::string& profile_path, const Topology& topo, const std::string& gpus, const Setting& setting,
+            const ModelParameters& par) {
   StepProfile profile = bench::read_profile(profile_path);
-  Topology topo = topology_from_name(topology);
+  const std::string& topology = topo.name;
   std::printf("%s %s, 1-GPU step %.3f ms (profile %s, commit %s), topology %s (%d GPUs per host), buckets %s\n",
               profile.workload.c_str(), profile.precision.c_str(), profile.step_ms, profile_path.c_str(),
               profile.commit.c_str(), topology.c_str(), topo.gpus_per_host, setting_label(setting).c_str());
@@ -237,21 +272,21 @@ int predict(const std::string& profile_path, const std::string& topology, const 
     SimulationOptions sim = options_for(setting, n, topo, par);
     Plan plan = plan_for(profile, setting, sim);
     StepPrediction p = simulate_step(profile, plan.plan, sim);
-    std::printf("%6d %6d %8lld %9.3f %9.3f %9.3f %9.3f %9.3f %8.1f%%  %s\n", n, (n + topo.gpus_per_host - 1) / topo.gpus_per_host,
-                static_cast<long long>(p.buckets), p.comm_ms, p.exposed_ms, p.slowdown_ms, p.overhead_ms, p.step_ms,
-                100 * p.efficiency(), plan.label.c_str());
+    std::printf("%6d %6d %8lld %9.3f %9.3f %9.3f %9.3f %9.3f %8.1f%%  %s\n", n,
+                (n + topo.gpus_per_host - 1) / topo.gpus_per_host, static_cast<long long>(p.buckets), p.comm_ms,
+                p.exposed_ms, p.slowdown_ms, p.overhead_ms, p.step_ms, 100 * p.efficiency(), plan.label.c_str());
   }
   return 0;
 }
 
 int curves(const std::string& docs, const std::string& out_path, const std::vector<std::string>& topologies,
-           const ModelParameters& par) {
+           const ModelParameters& par, const std::string& allreduce_output) {
   nlohmann::ordered_json out = {{"model", "tandem scaling model"}, {"curves", nlohmann::ordered_json::array()}};
   for (const char* workload : {"gpt2", "resnet18", "mlp"}) {
     std::string path = docs + "/profiles/" + workload + "_bf16.json";
     StepProfile profile = bench::read_profile(path);
     for (const std::string& topology : topologies) {
-      Topology topo = topology_from_name(topology);
+      Topology topo = with_measured_link(topology_from_name(topology), allreduce_output);
       for (const char* bucket : {"auto", "25"}) {
         Setting s;
         s.bucket = bucket;
@@ -260,12 +295,19 @@ int curves(const std::string& docs, const std::string& out_path, const std::vect
           if (n > topo.gpus_per_host && topo.inter.busbw_GBps <= 0) break;
           SimulationOptions sim = options_for(s, n, topo, par);
           StepPrediction p = simulate_step(profile, plan_for(profile, s, sim).plan, sim);
-          points.push_back({{"gpus", n}, {"step_ms", p.step_ms}, {"efficiency", p.efficiency()},
-                            {"exposed_ms", p.exposed_ms}, {"slowdown_ms", p.slowdown_ms}, {"buckets", p.buckets}});
+          points.push_back({{"gpus", n},
+                            {"step_ms", p.step_ms},
+                            {"efficiency", p.efficiency()},
+                            {"exposed_ms", p.exposed_ms},
+                            {"slowdown_ms", p.slowdown_ms},
+                            {"buckets", p.buckets}});
         }
-        out["curves"].push_back({{"workload", workload}, {"precision", "bf16"}, {"topology", topology},
+        out["curves"].push_back({{"workload", workload},
+                                 {"precision", "bf16"},
+                                 {"topology", topology},
                                  {"buckets", std::string(bucket) == "auto" ? "auto" : "25 MB"},
-                                 {"profile_commit", profile.commit}, {"points", points}});
+                                 {"profile_commit", profile.commit},
+                                 {"points", points}});
       }
     }
   }
@@ -281,7 +323,7 @@ int main(int argc, char** argv) {
   app.option_defaults()->always_capture_default();
   std::string docs = std::string(TANDEM_SOURCE_DIR) + "/docs/scaling";
   std::string params_path, profile_path, workload = "gpt2", precision = "bf16", topology = "nvlink8-ib8x400";
-  std::string gpus = "1,2,4,8,16,32,64,128,256,512,1024", curves_path;
+  std::string gpus = "1,2,4,8,16,32,64,128,256,512,1024", curves_path, allreduce_output;
   std::vector<std::string> topologies = {"nvlink8-ib8x400", "nvlink8-eth400", "nvlink8-eth100"};
   bool do_validate = false, do_calibrate = false, do_predict = false;
   Setting setting;
@@ -298,9 +340,13 @@ int main(int argc, char** argv) {
   app.add_option("--topology", topology,
                  "h200x4, nvlink<G>, nvlink<G>-ib<K>x<Gbps> (e.g. nvlink8-ib8x400) or nvlink<G>-eth[<K>x]<Gbps>");
   app.add_option("--topologies", topologies, "--curves: the topologies drawn");
+  app.add_option(
+      "--allreduce", allreduce_output,
+      "bench/allreduce's output on one host: the link inside a host is fitted to it instead of the named one");
   app.add_option("--bucket-mb", setting.bucket, "a cap in MB, one (a single bucket) or auto (the planner)");
   app.add_option("--first-bucket-mb", setting.first_mb, "the first bucket's cap");
-  app.add_option("--comm-dtype", setting.comm_dtype, "same, f32 or bf16")->check(CLI::IsMember({"same", "f32", "bf16"}));
+  app.add_option("--comm-dtype", setting.comm_dtype, "same, f32 or bf16")
+      ->check(CLI::IsMember({"same", "f32", "bf16"}));
   app.add_option("--zero", setting.zero_stage, "ZeRO stage (1 or 2: reduce-scatter, then all-gather parameters)")
       ->check(CLI::Range(0, 2));
   bool no_overlap = false, no_overlap_optimizer = false;
@@ -316,9 +362,9 @@ int main(int argc, char** argv) {
     if (do_validate) validate(docs, params_path);
     if (do_predict) {
       if (profile_path.empty()) profile_path = docs + "/profiles/" + workload + "_" + precision + ".json";
-      predict(profile_path, topology, gpus, setting, par);
+      predict(profile_path, with_measured_link(topology_from_name(topology), allreduce_output), gpus, setting, par);
     }
-    if (!curves_path.empty()) curves(docs, curves_path, topologies, par);
+    if (!curves_path.empty()) curves(docs, curves_path, topologies, par, allreduce_output);
     if (!do_validate && !do_calibrate && !do_predict && curves_path.empty()) {
       std::fprintf(stderr, "scaling_model: nothing to do; give --validate, --calibrate, --predict or --curves\n");
       return 2;

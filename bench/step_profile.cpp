@@ -91,8 +91,8 @@ nlohmann::ordered_json profile_to_json(const dist::scaling::StepProfile& profile
 }
 
 dist::scaling::StepProfile profile_from_json(const nlohmann::json& j, const std::string& where) {
-  TANDEM_CHECK_AS(ValueError, j.is_object() && j.value("format", "") == kFormat, where, ": not a step profile (expected \"format\": \"",
-                  kFormat, "\")");
+  TANDEM_CHECK_AS(ValueError, j.is_object() && j.value("format", "") == kFormat, where,
+                  ": not a step profile (expected \"format\": \"", kFormat, "\")");
   dist::scaling::StepProfile p;
   try {
     p.workload = j.value("workload", "");
@@ -112,8 +112,8 @@ dist::scaling::StepProfile profile_from_json(const nlohmann::json& j, const std:
     TANDEM_THROW(ValueError, where, ": malformed step profile: ", e.what());
   }
   TANDEM_CHECK_AS(ValueError, p.step_ms > 0 && p.backward_ms > 0 && !p.gradients.empty(), where,
-                  ": a profile needs step_ms > 0, backward_ms > 0 and gradients; got step ", p.step_ms, " ms, backward ",
-                  p.backward_ms, " ms, ", p.gradients.size(), " gradients");
+                  ": a profile needs step_ms > 0, backward_ms > 0 and gradients; got step ", p.step_ms,
+                  " ms, backward ", p.backward_ms, " ms, ", p.gradients.size(), " gradients");
   return p;
 }
 
@@ -129,7 +129,9 @@ nlohmann::json read_json_file(const std::string& path) {
   return j;
 }
 
-dist::scaling::StepProfile read_profile(const std::string& path) { return profile_from_json(read_json_file(path), path); }
+dist::scaling::StepProfile read_profile(const std::string& path) {
+  return profile_from_json(read_json_file(path), path);
+}
 
 void write_profile(const dist::scaling::StepProfile& profile, const std::string& path) {
   std::ofstream out(path);

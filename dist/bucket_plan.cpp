@@ -145,7 +145,8 @@ void check_bucket_plan(const std::vector<std::vector<int64_t>>& plan, const std:
                       " names parameter ", i, "; expected 0 to ", params.size() - 1);
       TANDEM_CHECK_AS(ValueError, params[i].dtype() == params[plan[b].front()].dtype(), "bucket plan: bucket ", b,
                       " mixes dtypes (parameter ", i, " is ", dtype_name(params[i].dtype()), ", parameter ",
-                      plan[b].front(), " is ", dtype_name(params[plan[b].front()].dtype()), "); expected one dtype per bucket");
+                      plan[b].front(), " is ", dtype_name(params[plan[b].front()].dtype()),
+                      "); expected one dtype per bucket");
       ++count[i];
     }
   }
@@ -173,7 +174,8 @@ BucketPlan decide_bucket_plan(const StepProfile& profile, const SimulationOption
   flat = data.to_vector<int64_t>();
   size_t count = static_cast<size_t>(flat.at(0)), next = 1 + count;
   std::map<int64_t, int64_t> position;  // parameter index -> index into this rank's profile
-  for (size_t i = 0; i < profile.gradients.size(); ++i) position[profile.gradients[i].param_index] = static_cast<int64_t>(i);
+  for (size_t i = 0; i < profile.gradients.size(); ++i)
+    position[profile.gradients[i].param_index] = static_cast<int64_t>(i);
   ProfilePlan mine;
   for (size_t b = 0; b < count; ++b) {
     std::vector<int64_t> params(flat.begin() + next, flat.begin() + next + flat.at(1 + b));

@@ -32,7 +32,8 @@ struct BucketPlan {
 BucketPlan plan_buckets(const scaling::StepProfile& profile, const scaling::SimulationOptions& options);
 
 // Indices into profile.gradients -> parameter indices, and back.
-std::vector<std::vector<int64_t>> to_parameter_plan(const scaling::StepProfile& profile, const scaling::ProfilePlan& plan);
+std::vector<std::vector<int64_t>> to_parameter_plan(const scaling::StepProfile& profile,
+                                                    const scaling::ProfilePlan& plan);
 
 // Throws a ValueError unless `plan` holds every parameter exactly once and one dtype per bucket.
 void check_bucket_plan(const std::vector<std::vector<int64_t>>& plan, const std::vector<Tensor>& params);

@@ -58,7 +58,8 @@ Topology topology_from_name(const std::string& name) {
   if (m[2].matched) {
     int nics = m[3].matched ? std::stoi(m[3].str()) : 1;
     double gbps = std::stod(m[4].str());
-    TANDEM_CHECK_AS(ValueError, nics >= 1 && gbps > 0, "topology '", name, "': expected at least one NIC of a positive rate");
+    TANDEM_CHECK_AS(ValueError, nics >= 1 && gbps > 0, "topology '", name,
+                    "': expected at least one NIC of a positive rate");
     t.inter = network(nics, gbps, m[2].str() == "ib");
   } else {
     t.inter = {0.0, 0.0};  // one host only
@@ -81,7 +82,8 @@ double collective_ms(CollectiveKind kind, double bytes, int gpus, const Topology
   double bandwidth_us = bytes * factor / (busbw * 1e3);            // GB/s = 1e3 bytes/us
   // A ring visits every rank: N - 1 steps per pass, hosts of them over the network.
   double inter_hops = hosts > 1 ? hosts : 0;
-  double ring_us = topo.base_us + passes * ((gpus - 1 - inter_hops) * topo.intra.hop_us + inter_hops * topo.inter.hop_us) +
+  double ring_us = topo.base_us +
+                   passes * ((gpus - 1 - inter_hops) * topo.intra.hop_us + inter_hops * topo.inter.hop_us) +
                    bandwidth_us;
   // A tree: a chain inside each host, a binary tree across hosts (only all-reduce has one in NCCL).
   double tree_us = topo.base_us +
@@ -126,7 +128,8 @@ ProfilePlan plan_for_cap(const StepProfile& profile, double cap_mb, double first
   for (auto& [bytes, b] : open) {
     if (!b.members.empty()) closed.push_back(std::move(b));
   }
-  std::stable_sort(closed.begin(), closed.end(), [](const Open& a, const Open& b) { return a.completes_at < b.completes_at; });
+  std::stable_sort(closed.begin(), closed.end(),
+                   [](const Open& a, const Open& b) { return a.completes_at < b.completes_at; });
   ProfilePlan plan;
   for (Open& b : closed) plan.push_back(std::move(b.members));
   return plan;
@@ -144,9 +147,9 @@ StepPrediction simulate_step(const StepProfile& profile, const ProfilePlan& plan
   const int n = options.gpus;
 
   struct SimBucket {
-    double ready_ms = 0;       // on the 1-GPU backward's clock
-    double cost_ms = 0;        // on the communication stream
-    double param_share = 0;    // of the optimizer's work (by elements)
+    double ready_ms = 0;     // on the 1-GPU backward's clock
+    double cost_ms = 0;      // on the communication stream
+    double param_share = 0;  // of the optimizer's work (by elements)
   };
   std::vector<SimBucket> buckets;
   std::vector<bool> seen(profile.gradients.size(), false);
@@ -163,7 +166,8 @@ StepPrediction simulate_step(const StepProfile& profile, const ProfilePlan& plan
       seen[i] = true;
       const GradientReady& g = profile.gradients[i];
       b.ready_ms = std::max(b.ready_ms, g.ready_ms);
-      wire_bytes += double(g.numel) * double(options.comm_element_bytes > 0 ? options.comm_element_bytes : g.element_bytes);
+      wire_bytes +=
+          double(g.numel) * double(options.comm_element_bytes > 0 ? options.comm_element_bytes : g.element_bytes);
       b.param_share += double(g.numel) / double(std::max<int64_t>(total_numel, 1));
     }
     CollectiveKind kind = options.zero_stage > 0 ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;

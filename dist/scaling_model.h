@@ -47,9 +47,9 @@ struct LinkLevel {
 struct Topology {
   std::string name;
   int gpus_per_host = 8;
-  LinkLevel intra;          // inside a host
-  LinkLevel inter;          // between hosts: bus bandwidth of the host's NICs together
-  double base_us = 0;       // a collective's fixed cost (kernel launch, protocol setup)
+  LinkLevel intra;              // inside a host
+  LinkLevel inter;              // between hosts: bus bandwidth of the host's NICs together
+  double base_us = 0;           // a collective's fixed cost (kernel launch, protocol setup)
   double tree_bw_factor = 0.9;  // NCCL's tree reaches about this share of the ring's bandwidth
 };
 
@@ -68,8 +68,8 @@ double collective_ms(CollectiveKind kind, double bytes, int gpus, const Topology
 // The model's free parameters: the defaults are docs/scaling/model_parameters.json, fitted by
 // bench/scaling_model --calibrate on two named runs of 2026-11-22 (4 H200s).
 struct ModelParameters {
-  double compute_slowdown = 0.3;     // compute time added per ms of communication running beside it
-  double bucket_overhead_us = 80;    // per bucket: launch, cast to the wire dtype, events
+  double compute_slowdown = 0.3;   // compute time added per ms of communication running beside it
+  double bucket_overhead_us = 80;  // per bucket: launch, cast to the wire dtype, events
   // The step on several GPUs is also longer by this share of the 1-GPU step, whatever the
   // buckets: every collective makes the ranks wait for the slowest one, and DDP adds its own work
   // (hooks, copies of gradients into buckets). Measured, not derived: see the README.
@@ -80,10 +80,10 @@ struct SimulationOptions {
   int gpus = 2;
   Topology topology;
   ModelParameters parameters;
-  bool overlap = true;              // buckets launched during backward (false: all after it)
-  bool overlap_optimizer = true;    // the last bucket travels while the other parameters update
-  int64_t comm_element_bytes = 0;   // bytes per gradient element on the wire; 0: the gradient's own
-  int zero_stage = 0;               // 1, 2: reduce-scatter the buckets, all-gather the parameters
+  bool overlap = true;             // buckets launched during backward (false: all after it)
+  bool overlap_optimizer = true;   // the last bucket travels while the other parameters update
+  int64_t comm_element_bytes = 0;  // bytes per gradient element on the wire; 0: the gradient's own
+  int zero_stage = 0;              // 1, 2: reduce-scatter the buckets, all-gather the parameters
   Algorithm algorithm = Algorithm::automatic;
 };
 
@@ -91,14 +91,14 @@ struct SimulationOptions {
 using ProfilePlan = std::vector<std::vector<int64_t>>;
 
 struct StepPrediction {
-  double step_ms = 0;         // predicted N-GPU step
-  double compute_ms = 0;      // the 1-GPU step it starts from
-  double exposed_ms = 0;      // waits for communication after backward and inside the optimizer
-  double slowdown_ms = 0;     // compute stretched by collectives running beside it
-  double overhead_ms = 0;     // the synchronisation share of the step (ModelParameters::sync_share)
-  double comm_ms = 0;         // the collectives' own time, summed
+  double step_ms = 0;      // predicted N-GPU step
+  double compute_ms = 0;   // the 1-GPU step it starts from
+  double exposed_ms = 0;   // waits for communication after backward and inside the optimizer
+  double slowdown_ms = 0;  // compute stretched by collectives running beside it
+  double overhead_ms = 0;  // the synchronisation share of the step (ModelParameters::sync_share)
+  double comm_ms = 0;      // the collectives' own time, summed
   int64_t buckets = 0;
-  int64_t bytes = 0;          // on the wire per step
+  int64_t bytes = 0;  // on the wire per step
   double efficiency() const { return step_ms > 0 ? compute_ms / step_ms : 0; }
   // What communication adds to the step: what the planner minimises.
   double communication_cost_ms() const { return step_ms - compute_ms; }

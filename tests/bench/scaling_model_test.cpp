@@ -7,10 +7,10 @@
 #include <cmath>
 #include <string>
 
+#include "step_profile.h"
 #include "tandem/core/error.h"
 #include "tandem/dist/bucket_plan.h"
 #include "tandem/dist/scaling_model.h"
-#include "step_profile.h"
 
 namespace tandem {
 namespace {
@@ -42,7 +42,8 @@ TEST(LinkModel, NetworkBoundsAcrossHostsAndTreeWinsForSmallMessagesAtScale) {
   EXPECT_NEAR(ib.inter.busbw_GBps, 8 * 400 / 8.0 * 0.92, 1e-9);  // 8 NDR NICs at 92% of line rate
   EXPECT_NEAR(eth.inter.busbw_GBps, 100 / 8.0 * 0.85, 1e-9);
   double bytes = 100e6;
-  EXPECT_GT(collective_ms(CollectiveKind::all_reduce, bytes, 16, eth), 5 * collective_ms(CollectiveKind::all_reduce, bytes, 8, eth));
+  EXPECT_GT(collective_ms(CollectiveKind::all_reduce, bytes, 16, eth),
+            5 * collective_ms(CollectiveKind::all_reduce, bytes, 8, eth));
   // 1 KB on 1024 GPUs: a ring's 2 x 1023 hops cost far more than a tree's depth.
   EXPECT_LT(collective_ms(CollectiveKind::all_reduce, 1024, 1024, ib, Algorithm::tree),
             collective_ms(CollectiveKind::all_reduce, 1024, 1024, ib, Algorithm::ring) / 5);
@@ -116,10 +117,11 @@ TEST(BucketPlanner, NoWorseThanTheBestFixedCap) {
       }
       EXPECT_LE(plan.prediction.communication_cost_ms(), best_fixed + 1e-9)
           << workload << " on " << n << " GPUs: auto plan (" << plan.chosen << ")";
-      std::printf("%-9s %3d GPUs: auto %.3f ms added (%s, %zu buckets, exposed %.3f), best fixed cap %.3f ms "
-                  "(smallest exposed %.3f)\n",
-                  workload, n, plan.prediction.communication_cost_ms(), plan.chosen.c_str(), plan.buckets.size(),
-                  plan.prediction.exposed_ms, best_fixed, best_fixed_exposed);
+      std::printf(
+          "%-9s %3d GPUs: auto %.3f ms added (%s, %zu buckets, exposed %.3f), best fixed cap %.3f ms "
+          "(smallest exposed %.3f)\n",
+          workload, n, plan.prediction.communication_cost_ms(), plan.chosen.c_str(), plan.buckets.size(),
+          plan.prediction.exposed_ms, best_fixed, best_fixed_exposed);
     }
   }
 }

@@ -5,8 +5,8 @@
 
 #include "dist/dist_test_util.h"
 #include "support/test_util.h"
-#include "tandem/dist/bucket_plan.h"
 #include "tandem/core/views.h"
+#include "tandem/dist/bucket_plan.h"
 #include "tandem/dist/ddp.h"
 #include "tandem/optim/sgd.h"
 
@@ -33,8 +33,8 @@ dist::scaling::StepProfile rank_profile(nn::Module& module, int rank) {
   auto params = module.named_parameters();
   for (int64_t i = static_cast<int64_t>(params.size()) - 1; i >= 0; --i) {
     double position = double(params.size() - i) / double(params.size());
-    p.gradients.push_back({i, params[i].first, params[i].second.numel(), 4,
-                           p.backward_ms * position * (1 + 0.03 * ((rank + i) % 3))});
+    p.gradients.push_back(
+        {i, params[i].first, params[i].second.numel(), 4, p.backward_ms * position * (1 + 0.03 * ((rank + i) % 3))});
   }
   return p;
 }
@@ -113,7 +113,7 @@ TEST(BucketPlanAcrossRanks, ABadPlanIsRejectedWithItsReason) {
   dist::DdpOptions options;
   options.bucket_plan = {{7, 6, 5}, {4, 3, 2, 1}};  // parameter 0 is missing
   EXPECT_TRUE(testing::throws_with<ValueError>([&] { dist::DistributedDataParallel ddp(model, options); },
-                                              {"bucket plan", "parameter 0 appears 0 times"}));
+                                               {"bucket plan", "parameter 0 appears 0 times"}));
 }
 
 }  // namespace
