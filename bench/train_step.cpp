@@ -11,6 +11,8 @@
 //   mpirun -np 2 train_step --workload mlp --precision bf16 --bucket-mb 25
 //   mpirun -np 4 train_step --workload gpt2 --precision bf16 --zero 2     (ZeRO stage 2)
 //   train_step --device cpu --batch 8 --steps 3 --warmup 1
+//   train_step --workload gpt2 --precision bf16 --profile gpt2.json   (step profile for bench/scaling_model)
+//   mpirun -np 4 train_step --workload gpt2 --precision bf16 --bucket-mb auto --topology h200x4
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -26,10 +28,12 @@
 #include <vector>
 
 #include "tandem/core/cuda_api.h"
+#include "tandem/dist/bucket_plan.h"
 #include "tandem/dist/ddp.h"
 #include "tandem/dist/zero.h"
 #include "tandem/dist/timeline.h"
 #include "tandem/tandem.h"
+#include "step_profile.h"
 #include "step_trace.h"
 #include "workloads.h"
 
@@ -47,13 +51,15 @@ struct Config {
   int64_t steps = 50;
   std::string json;  // also written here when set
   // Data parallel (under mpirun): DistributedDataParallel's options.
-  double bucket_mb = 25.0;
+  std::string bucket_mb = "25";     // MB, or auto: planned from a profile of this step (dist/bucket_plan.h)
+  std::string topology = "h200x4";  // the link model --bucket-mb auto plans for (dist/scaling_model.h)
   double first_bucket_mb = 1.0;     // the last layers' gradients, so communication starts early
   std::string comm_dtype = "same";  // same (the gradients' dtype), f32 or bf16
   bool no_overlap = false;
   bool no_overlap_optimizer = false;
   int zero = 0;       // ZeRO stage: 0 (plain DDP), 1 (sharded optimizer state), 2 (and sharded gradients)
   std::string trace;  // when set: a Chrome trace of one more step after warm-up (bench/step_trace.h)
+  std::string profile;  // when set: the step profile of one more step after warm-up (bench/step_profile.h)
 };
 
 double median(std::vector<double> v) {
@@ -85,11 +91,77 @@ int run_benchmark(const Config& cfg) {
   optim::Optimizer* optimizer = adamw_optimizer.get();  // the AdamW, or the ZeRO optimizer over it
   std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
 
-  dist::Timeline timeline(device);  // records only the one step traced for --trace
+  dist::Timeline timeline(device);  // records only the one step traced for --trace or --profile
   std::unique_ptr<dist::DistributedDataParallel> ddp;
+  std::unique_ptr<bench::GradientMarks> marks;
+  if (!cfg.profile.empty() || cfg.bucket_mb == "auto") marks = std::make_unique<bench::GradientMarks>(*model, timeline);
+  const bench::Forward forward = [&](const Tensor& x) { return ddp ? ddp->forward(x) : (*model)(x); };
+
+  std::optional<amp::GradScaler> scaler;
+  if (precision.grad_scaler) scaler.emplace(device);
+
+  // One step; returns the loss, detached and still on the device, so no step waits for the host.
+  auto step_with = [&](optim::Optimizer& opt) -> Tensor {
+    // timeline.begin()/end(): the spans of --trace's step; they return at once otherwise.
+    timeline.begin("zero_grad");
+    opt.zero_grad(/*set_to_none=*/true);
+    timeline.end();
+    timeline.begin("forward + loss");
+    Tensor loss = bench::workload_loss(cfg.workload, forward, data);
+    timeline.end();
+    if (scaler) {
+      timeline.begin("backward");
+      Tensor scaled = scaler->scale(loss);
+      scaled.backward();
+      timeline.end();
+      timeline.begin("optimizer");
+      scaler->step(opt);
+      scaler->update();
+      timeline.end();
+      return loss.detach();
+    }
+    timeline.begin("backward");
+    loss.backward();
+    timeline.end();
+    timeline.begin("optimizer");
+    if (ddp) ddp->step(opt);  // with the last bucket's all-reduce overlapped
+    else opt.step();
+    timeline.end();
+    return loss.detach();
+  };
+  auto step = [&]() -> Tensor { return step_with(*optimizer); };
+
+  const nlohmann::ordered_json bucket_json = cfg.bucket_mb == "auto" ? nlohmann::ordered_json("auto")
+                                                                    : nlohmann::ordered_json(std::stod(cfg.bucket_mb));
+  const dist::scaling::ModelParameters model_parameters;  // bench/scaling_model --calibrate's defaults
+  dist::BucketPlan auto_plan;
   if (world.size > 1 || cfg.zero > 0) {
     dist::DdpOptions options;
-    options.bucket_cap_mb = cfg.bucket_mb;
+    if (cfg.bucket_mb == "auto") {
+      // Each rank profiles its own step before DDP exists (a scratch optimizer, so the real one
+      // starts fresh; DDP then broadcasts rank 0's parameters), rank 0 plans and broadcasts.
+      optim::AdamW scratch(model->parameters(), adamw);
+      for (int i = 0; i < 2; ++i) step_with(scratch);
+      dist::scaling::StepProfile profile = marks->profile([&] { step_with(scratch); });
+      scratch.zero_grad(/*set_to_none=*/true);
+      dist::scaling::SimulationOptions sim;
+      sim.gpus = world.size;
+      sim.topology = dist::scaling::topology_from_name(cfg.topology);
+      sim.parameters = model_parameters;
+      sim.overlap = !cfg.no_overlap;
+      sim.overlap_optimizer = !cfg.no_overlap_optimizer && !precision.grad_scaler && cfg.zero == 0;
+      sim.zero_stage = cfg.zero;
+      if (cfg.comm_dtype != "same") sim.comm_element_bytes = cfg.comm_dtype == "bf16" ? 2 : 4;
+      auto_plan = dist::decide_bucket_plan(profile, sim, *world.cpu_group);
+      options.bucket_plan = auto_plan.buckets;
+      if (lead) {
+        std::fprintf(stderr, "train_step: --bucket-mb auto: %zu buckets (%s), predicted %.3f ms/step on %s\n",
+                     auto_plan.buckets.size(), auto_plan.chosen.c_str(), auto_plan.prediction.step_ms,
+                     cfg.topology.c_str());
+      }
+    } else {
+      options.bucket_cap_mb = std::stod(cfg.bucket_mb);
+    }
     options.first_bucket_mb = cfg.first_bucket_mb;
     options.overlap = !cfg.no_overlap;
     // A GradScaler reads every gradient before the step, so the step cannot overlap the last bucket.
@@ -105,52 +177,20 @@ int run_benchmark(const Config& cfg) {
       optimizer = zero.get();
     }
   }
-  const bench::Forward forward = [&](const Tensor& x) { return ddp ? ddp->forward(x) : (*model)(x); };
-
-  std::optional<amp::GradScaler> scaler;
-  if (precision.grad_scaler) scaler.emplace(device);
-
-  // One step; returns the loss, detached and still on the device, so no step waits for the host.
-  auto step = [&]() -> Tensor {
-    // timeline.begin()/end(): the spans of --trace's step; they return at once otherwise.
-    timeline.begin("zero_grad");
-    optimizer->zero_grad(/*set_to_none=*/true);
-    timeline.end();
-    timeline.begin("forward + loss");
-    Tensor loss = bench::workload_loss(cfg.workload, forward, data);
-    timeline.end();
-    if (scaler) {
-      timeline.begin("backward");
-      Tensor scaled = scaler->scale(loss);
-      scaled.backward();
-      timeline.end();
-      timeline.begin("optimizer");
-      scaler->step(*optimizer);
-      scaler->update();
-      timeline.end();
-      return loss.detach();
-    }
-    timeline.begin("backward");
-    loss.backward();
-    timeline.end();
-    timeline.begin("optimizer");
-    if (ddp) ddp->step(*optimizer);  // with the last bucket's all-reduce overlapped (stage 0)
-    else optimizer->step();
-    timeline.end();
-    return loss.detach();
-  };
 
   std::vector<Tensor> losses;  // () each, one per step, warm-up included
   for (int64_t i = 0; i < cfg.warmup; ++i) losses.push_back(step());
   if (!cfg.trace.empty()) {  // one more step, untimed and left out of the losses, as a timeline
     bench::trace_step(timeline, [&] { step(); }, cfg.trace,
                       {{"workload", cfg.workload}, {"precision", cfg.precision}, {"batch", batch},
-                       {"world_size", world.size}, {"bucket_mb", cfg.bucket_mb},
+                       {"world_size", world.size}, {"bucket_mb", bucket_json},
                        {"first_bucket_mb", cfg.first_bucket_mb}, {"comm_dtype", cfg.comm_dtype},
                        {"overlap", !cfg.no_overlap},
                        {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler},
                        {"zero_stage", cfg.zero}});
   }
+  dist::scaling::StepProfile profile;
+  if (!cfg.profile.empty()) profile = marks->profile([&] { step(); });  // one more untimed step
   if (on_gpu) {
     cuda::synchronize(device.index);
     cuda::reset_peak_memory_stats(device.index);
@@ -181,12 +221,18 @@ int run_benchmark(const Config& cfg) {
   nlohmann::ordered_json ddp_json = nullptr;
   if (ddp) {
     const dist::DdpStats& st = ddp->stats();  // the last step's
-    ddp_json = {{"world_size", world.size},         {"bucket_mb", cfg.bucket_mb},
+    ddp_json = {{"world_size", world.size},         {"bucket_mb", bucket_json},
                 {"comm_dtype", cfg.comm_dtype},     {"overlap", !cfg.no_overlap},
                 {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler && cfg.zero == 0},
                 {"buckets", st.buckets},            {"bytes", st.bytes},
                 {"comm_ms", st.comm_ms},            {"exposed_ms", st.exposed_ms},
                 {"hidden_fraction", st.hidden_fraction}};
+    if (cfg.bucket_mb == "auto") {
+      ddp_json["bucket_plan"] = {{"chosen", auto_plan.chosen},
+                                 {"topology", cfg.topology},
+                                 {"predicted_step_ms", auto_plan.prediction.step_ms},
+                                 {"buckets", auto_plan.buckets}};
+    }
   }
   nlohmann::ordered_json zero_json = nullptr;
   if (zero) {
@@ -223,6 +269,15 @@ int run_benchmark(const Config& cfg) {
 
   const double med = median(step_ms);
   const double min = *std::min_element(step_ms.begin(), step_ms.end());
+  if (!cfg.profile.empty()) {
+    profile.workload = cfg.workload;
+    profile.precision = cfg.precision;
+    profile.device = device.str();
+    profile.commit = TANDEM_SOURCE_COMMIT;
+    profile.source = "train_step --profile";
+    profile.step_ms = med;  // the timed steps' median; the spans are the profiled step's
+    bench::write_profile(profile, cfg.profile);
+  }
   const double samples_per_s = static_cast<double>(batch) / (med / 1e3);  // gpt2: sequences per second
   const int64_t tokens = spec.tokens_per_sample();
   nlohmann::ordered_json result = {
@@ -290,8 +345,12 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", cfg.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--steps", cfg.steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--json", cfg.json, "also write the result JSON to this file");
-  app.add_option("--bucket-mb", cfg.bucket_mb, "DDP: gradient bucket size in MB (under mpirun)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--bucket-mb", cfg.bucket_mb,
+                 "DDP: gradient bucket size in MB (under mpirun), or auto: buckets planned from a profile of this "
+                 "step and the link model of --topology")
+      ->check(CLI::PositiveNumber | CLI::IsMember({"auto"}));
+  app.add_option("--topology", cfg.topology,
+                 "--bucket-mb auto: the links to plan for (h200x4, nvlink8-ib8x400, nvlink8-eth100, ...)");
   app.add_option("--first-bucket-mb", cfg.first_bucket_mb,
                  "DDP: size of the first bucket in MB (equal to --bucket-mb and above the model's size: one bucket)")
       ->check(CLI::PositiveNumber);
@@ -308,6 +367,9 @@ int main(int argc, char** argv) {
   app.add_option("--trace", cfg.trace,
                  "after warm-up, record one more step and write it here as a Chrome trace (every rank in one "
                  "file; open in ui.perfetto.dev)");
+  app.add_option("--profile", cfg.profile,
+                 "after warm-up, profile one more step (forward, backward, optimizer, each gradient's ready time) "
+                 "and write it here as JSON for bench/scaling_model");
   CLI11_PARSE(app, argc, argv);
   try {
     return run_benchmark(cfg);

@@ -12,6 +12,7 @@
 #include "tandem/core/kernels.h"
 #include "tandem/core/random.h"
 #include "tandem/core/views.h"
+#include "tandem/dist/bucket_plan.h"
 #include "tandem/dist/timeline.h"
 #include "tandem/optim/optimizer.h"
 
@@ -209,8 +210,19 @@ void DistributedDataParallel::build_buckets() {
     b = Planned{};
   };
   int64_t position = 0;
+  if (!options_.bucket_plan.empty()) {  // an explicit plan, already in launch order
+    check_bucket_plan(options_.bucket_plan, params_);
+    for (const std::vector<int64_t>& members : options_.bucket_plan) {
+      Planned b{std::make_unique<Bucket>(), 0.0, position++};
+      for (int64_t i : members) {
+        b.bucket->offsets.push_back(b.bucket->params.empty() ? 0 : b.bucket->offsets.back() + params_[b.bucket->params.back()].numel());
+        b.bucket->params.push_back(i);
+      }
+      close(b);
+    }
+  }
   // Reverse registration order: the order in which backward produces the gradients.
-  for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i, ++position) {
+  for (int64_t i = options_.bucket_plan.empty() ? static_cast<int64_t>(params_.size()) - 1 : -1; i >= 0; --i, ++position) {
     const Tensor& p = params_[i];
     double cap = (closed.empty() ? options_.first_bucket_mb : options_.bucket_cap_mb) * kMiB;
     double bytes = static_cast<double>(p.nbytes());

@@ -47,6 +47,10 @@ struct DdpOptions {
   // released once its collective is done (the parameters' .grad are then undefined until the next
   // forward). comm_dtype and overlap_optimizer are for stage 0 only.
   int zero_stage = 0;
+  // An explicit plan (dist/bucket_plan.h: plan_buckets, decide_bucket_plan): parameter indices in
+  // registration order, bucket by bucket in launch order, each parameter once, one dtype per
+  // bucket. It must be the same on every rank. Empty: buckets from bucket_cap_mb/first_bucket_mb.
+  std::vector<std::vector<int64_t>> bucket_plan;
 };
 
 // What the last synchronised backward did. On GPUs the times come from CUDA events and are read
