@@ -10,10 +10,12 @@
 //   train_step --workload resnet18 --precision tf32    (256 images of 3x32x32)
 //   mpirun -np 2 train_step --workload mlp --precision bf16 --bucket-mb 25
 //   train_step --device cpu --batch 8 --steps 3 --warmup 1
+//   train_step --workload gpt2 --precision bf16 --dist-checks on    (then off: what the checks cost)
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -51,6 +53,10 @@ struct Config {
   bool no_overlap = false;
   bool no_overlap_optimizer = false;
   std::string trace;  // when set: a Chrome trace of one more step after warm-up (bench/step_trace.h)
+  // "on"/"off": train through DDP even in a world of one, with the cross-rank checks of the
+  // collectives every step (on) or none (off), to measure what the checks cost. "" (default): DDP
+  // only under mpirun, with its default checks.
+  std::string dist_checks;
 };
 
 // What a precision name means in tandem: the dtype of parameters, activations and data; the f32
@@ -76,6 +82,8 @@ double median(std::vector<double> v) {
 }
 
 int run_benchmark(const Config& cfg) {
+  // Off also means the MPI group posts collectives without exchanging their fingerprints first.
+  if (cfg.dist_checks == "off") setenv("TANDEM_DIST_DEBUG", "off", 0);
   const dist::World& world = dist::init();
   const bool lead = world.rank == 0;
   const Device device = cfg.device == "cuda" && world.device.is_cuda() ? world.device : Device(cfg.device);
@@ -99,8 +107,9 @@ int run_benchmark(const Config& cfg) {
 
   dist::Timeline timeline(device);  // records only the one step traced for --trace
   std::unique_ptr<dist::DistributedDataParallel> ddp;
-  if (world.size > 1) {
+  if (world.size > 1 || !cfg.dist_checks.empty()) {
     dist::DdpOptions options;
+    if (cfg.dist_checks == "off") options.check_collectives_every = 0;
     options.bucket_cap_mb = cfg.bucket_mb;
     options.first_bucket_mb = cfg.first_bucket_mb;
     options.overlap = !cfg.no_overlap;
@@ -191,7 +200,8 @@ int run_benchmark(const Config& cfg) {
                 {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler},
                 {"buckets", st.buckets},            {"bytes", st.bytes},
                 {"comm_ms", st.comm_ms},            {"exposed_ms", st.exposed_ms},
-                {"hidden_fraction", st.hidden_fraction}};
+                {"hidden_fraction", st.hidden_fraction},
+                {"dist_checks", cfg.dist_checks.empty() ? "default" : cfg.dist_checks}};
   }
   if (!lead) return 0;
   for (size_t i = 0; i < loss_values.size(); ++i) {
@@ -281,6 +291,10 @@ int main(int argc, char** argv) {
   app.add_option("--trace", cfg.trace,
                  "after warm-up, record one more step and write it here as a Chrome trace (every rank in one "
                  "file; open in ui.perfetto.dev)");
+  app.add_option("--dist-checks", cfg.dist_checks,
+                 "on or off: train through DistributedDataParallel even on one rank, comparing the ranks' "
+                 "collectives every step (on) or never (off), to measure the checks' cost")
+      ->check(CLI::IsMember({"on", "off"}));
   CLI11_PARSE(app, argc, argv);
   try {
     return run_benchmark(cfg);

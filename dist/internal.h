@@ -1,9 +1,10 @@
 #pragma once
 // Internal to dist/: what init() needs from each backend, and helpers both backends share. Each
 // backend entry point is implemented by its backend file or, in a build without that backend, by
-// a stub that raises a DeviceError (dist/no_mpi.cpp, dist/no_nccl.cpp, dist/no_cuda_device.cpp).
+// a stub that raises a DeviceError (dist/no_mpi.cpp, dist/no_nccl.cpp).
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,9 @@ MpiWorld mpi_init(double timeout_seconds);
 // timeout) for every rank to reach this point and frees the communicator. Later calls on the
 // group raise.
 void mpi_shutdown_group(ProcessGroup& group);
+// Every rank's `bytes` bytes (rank order), over a communicator that only these host-side checks
+// use; blocks up to `timeout` seconds. A world of one without MPI gets its own bytes back.
+std::vector<uint8_t> host_all_gather(const void* mine, size_t bytes, double timeout);
 // MPI_Finalize, when mpi_init initialised MPI and the shutdown was clean. Otherwise MPI_Finalize
 // could wait forever (for pending collectives, or for a rank that never finalizes), so the process
 // leaves without it and mpirun reports that.
@@ -62,9 +66,5 @@ std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int devic
 // Stops the watchdog, then finalizes and destroys the communicator (aborts it when collectives are
 // still pending). Later calls on the group raise.
 void nccl_shutdown_group(ProcessGroup& group);
-
-// ---- the CUDA device (dist/cuda_device.cpp or dist/no_cuda_device.cpp) ----
-// cudaSetDevice: the process's current device from now on.
-void bind_device(int device);
 
 }  // namespace tandem::dist::internal

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "tandem/core/cuda_api.h"
+#include "tandem/dist/flight_recorder.h"
 #include "tandem/dist/internal.h"
 
 namespace tandem::dist {
@@ -155,8 +156,12 @@ const World& init(const InitOptions& options) {
   double timeout = timeout_from_env(options.timeout_seconds);
   TANDEM_CHECK_AS(ValueError, timeout > 0, "dist::init: timeout_seconds must be positive, got ", timeout);
 
+  const char* dump_env = std::getenv("TANDEM_DIST_DUMP_DIR");
+  internal::set_dump_directory(!options.dump_dir.empty() ? options.dump_dir : dump_env != nullptr ? dump_env : "");
+
   internal::MpiWorld mpi = internal::mpi_init(timeout);
   World w;
+  w.timeout_seconds = timeout;
   w.rank = mpi.rank;
   w.size = mpi.size;
   w.local_rank = mpi.local_rank;
@@ -166,7 +171,7 @@ const World& init(const InitOptions& options) {
   int devices = options.use_gpu ? cuda::device_count() : 0;
   if (devices > 0) {
     int index = w.local_rank % devices;
-    internal::bind_device(index);
+    cuda::set_device(index);  // the process's current device from now on
     w.device = Device(DeviceType::cuda, index);
     if (!internal::nccl_is_built()) {
       s.no_gpu_group_reason = "tandem was built without NCCL (reconfigure with -DTANDEM_WITH_NCCL=ON)";

@@ -1,6 +1,7 @@
 #include "tandem/core/cuda/runtime.h"
 
 #include <cuda_profiler_api.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <mutex>
 #include <vector>
@@ -57,13 +58,33 @@ cudaStream_t current_stream(int device) {
   return s != nullptr ? s : compute_stream(device);
 }
 
-StreamGuard::StreamGuard(int device, cudaStream_t stream) : device_(device) {
+StreamHandle current_stream_handle(int device) { return current_stream(device); }
+
+StreamHandle high_priority_stream(int device) {
+  static std::once_flag once[kMaxDevices];
+  static cudaStream_t streams[kMaxDevices] = {};
   check_device(device);
-  previous_ = stream_override[device];
-  stream_override[device] = stream;
+  std::call_once(once[device], [device] {
+    DeviceGuard guard(device);
+    int least = 0, greatest = 0;
+    TANDEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&streams[device], cudaStreamNonBlocking, greatest));
+  });
+  return streams[device];
 }
 
-StreamGuard::~StreamGuard() { stream_override[device_] = previous_; }
+void set_device(int device) { TANDEM_CUDA_CHECK(cudaSetDevice(device)); }
+
+StreamGuard::StreamGuard(int device, StreamHandle stream) : device_(device) {
+  check_device(device);
+  previous_ = stream_override[device];
+  stream_override[device] = static_cast<cudaStream_t>(stream);
+}
+
+StreamGuard::~StreamGuard() { stream_override[device_] = static_cast<cudaStream_t>(previous_); }
+
+ProfilerRange::ProfilerRange(const char* name) { nvtxRangePushA(name); }
+ProfilerRange::~ProfilerRange() { nvtxRangePop(); }
 
 void check_launch(const char* kernel) {
   cudaError_t status = cudaGetLastError();
@@ -85,6 +106,15 @@ void Event::record(int device) {
   DeviceGuard guard(device);
   TANDEM_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), current_stream(device)));
   recorded_ = true;
+}
+
+void Event::record_on(StreamHandle stream) {
+  TANDEM_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream)));
+  recorded_ = true;
+}
+
+void Event::wait_on(StreamHandle stream) const {
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(handle_), 0));
 }
 
 void Event::wait(int device) const {
