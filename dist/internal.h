@@ -32,12 +32,20 @@ void check_tensor(const Tensor& t, const Device& device, const std::string& back
                   const char* name);
 // The tensors of one grouped call must not share memory (each would be reduced twice).
 void check_disjoint(const std::vector<Tensor>& tensors, const std::string& backend, const char* op);
-void check_same_dtype(const Tensor& a, const Tensor& b, const std::string& backend, const char* op);
 // True when `part` is exactly `whole`'s slice [rank * part.numel(), (rank + 1) * part.numel()), the
 // in-place layout of all_gather and reduce_scatter. Throws a ValueError when the two overlap in any
 // other way.
 bool is_rank_slice(const Tensor& whole, const Tensor& part, int rank, const std::string& backend, const char* op);
 void check_root(int root, int size, const std::string& backend);
+// bool tensors reduce with max (any) or min (all) only (TypeError).
+void check_reducible(DType dtype, ReduceOp op, const std::string& backend, const char* name);
+// The arguments of all_gather, output (size * n,) and input (n,), and of reduce_scatter, output
+// (n,) and input (size * n,): tensors of one dtype on `device` whose element counts fit. True
+// when the call is in place (the per-rank part is the whole's own slice at rank * n).
+bool check_all_gather(const Tensor& output, const Tensor& input, int rank, int size, const Device& device,
+                      const std::string& backend);
+bool check_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op, int rank, int size,
+                          const Device& device, const std::string& backend);
 
 // ---- MPI (dist/mpi_group.cpp or dist/no_mpi.cpp) ----
 struct MpiWorld {

@@ -41,23 +41,10 @@ std::string mpi_error_text(int code) {
 
 // The MPI type that carries `dtype` unchanged (16-bit floats as their bits, bool as bytes).
 MPI_Datatype transfer_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::f16:
-    case DType::bf16: return MPI_UINT16_T;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u8:
-    case DType::boolean: return MPI_UINT8_T;
-  }
-  return MPI_BYTE;
-}
-
-MPI_Datatype reduce_type(DType dtype, ReduceOp op, const char* name) {
-  TANDEM_CHECK_AS(TypeError, dtype != DType::boolean || op == ReduceOp::max || op == ReduceOp::min, "mpi ", name,
-                  ": bool tensors reduce with max (any) or min (all), not ", reduce_op_name(op));
-  return transfer_type(dtype);
+  // In DType's order: f32, f64, f16, bf16, i32, i64, u8, bool.
+  const MPI_Datatype types[] = {MPI_FLOAT,   MPI_DOUBLE,  MPI_UINT16_T, MPI_UINT16_T,
+                                MPI_INT32_T, MPI_INT64_T, MPI_UINT8_T,  MPI_UINT8_T};
+  return types[static_cast<int>(dtype)];
 }
 
 // MPI has no 16-bit float types: f16 and bf16 travel as 16-bit integers and reduce through
@@ -294,22 +281,16 @@ class MpiCore final : public WorkTracker, public std::enable_shared_from_this<Mp
   std::chrono::microseconds poll_interval() const override { return std::chrono::microseconds(1000); }
 };
 
-class MpiGroup final : public ProcessGroup {
+class MpiGroup final : public TrackedGroup {
  public:
-  explicit MpiGroup(std::shared_ptr<MpiCore> core) : core_(std::move(core)) {
+  explicit MpiGroup(const std::shared_ptr<MpiCore>& core) : TrackedGroup(core), core_(core) {
     core_->start_watchdog();
   }
   // Without dist::finalize (an init that failed half-way, say), the other ranks may still be
   // communicating: stop the watchdog and leave the communicator alone.
   ~MpiGroup() override { shutdown(false); }
 
-  int rank() const override { return core_->rank; }
-  int size() const override { return core_->size; }
-  std::string backend() const override { return kBackend; }
-
-  std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op, const std::string& label) override {
-    return all_reduce(std::vector<Tensor>{tensor}, op, label);
-  }
+  using TrackedGroup::all_reduce;
 
   std::shared_ptr<Work> all_reduce(const std::vector<Tensor>& tensors, ReduceOp op, const std::string& label) override {
     const char* name = "all_reduce";
@@ -320,7 +301,8 @@ class MpiGroup final : public ProcessGroup {
     size_t count_sum = 0;
     for (const Tensor& t : tensors) {
       check_tensor(t, Device(), kBackend, name, "tensor");
-      MPI_Datatype type = reduce_type(t.dtype(), op, name);
+      check_reducible(t.dtype(), op, kBackend, name);
+      MPI_Datatype type = transfer_type(t.dtype());
       int count = count_of(t, name);
       count_sum += static_cast<size_t>(count);
       w->bytes += t.nbytes();
@@ -362,15 +344,9 @@ class MpiGroup final : public ProcessGroup {
 
   std::shared_ptr<Work> all_gather(const Tensor& output, const Tensor& input, const std::string& label) override {
     const char* name = "all_gather";
-    check_tensor(output, Device(), kBackend, name, "output");
-    check_tensor(input, Device(), kBackend, name, "input");
-    check_same_dtype(output, input, kBackend, name);
-    TANDEM_CHECK_AS(ValueError, output.numel() == core_->size * input.numel(), "mpi all_gather: output has ",
-                    output.numel(), " elements, but ", core_->size, " ranks x input's ", input.numel(), " make ",
-                    core_->size * input.numel());
+    bool in_place = check_all_gather(output, input, core_->rank, core_->size, Device(), kBackend);
     int count = count_of(input, name);
     count_of(output, name);
-    bool in_place = is_rank_slice(output, input, core_->rank, kBackend, name);
     auto w = std::make_shared<MpiWork>();
     w->op = name;
     w->bytes = output.nbytes();
@@ -388,17 +364,11 @@ class MpiGroup final : public ProcessGroup {
   std::shared_ptr<Work> reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op,
                                        const std::string& label) override {
     const char* name = "reduce_scatter";
-    check_tensor(output, Device(), kBackend, name, "output");
-    check_tensor(input, Device(), kBackend, name, "input");
-    check_same_dtype(output, input, kBackend, name);
-    TANDEM_CHECK_AS(ValueError, input.numel() == core_->size * output.numel(), "mpi reduce_scatter: input has ",
-                    input.numel(), " elements, but ", core_->size, " ranks x output's ", output.numel(), " make ",
-                    core_->size * output.numel());
-    MPI_Datatype type = reduce_type(input.dtype(), op, name);
+    bool in_place = check_reduce_scatter(output, input, op, core_->rank, core_->size, Device(), kBackend);
+    MPI_Datatype type = transfer_type(input.dtype());
     int count = count_of(output, name);
     count_of(input, name);
     // MPI's in-place reduce_scatter has another layout than NCCL's: receive into a temporary instead.
-    bool in_place = is_rank_slice(input, output, core_->rank, kBackend, name);
     Tensor target = in_place ? empty(output.shape(), output.options()) : output;
     auto w = std::make_shared<MpiWork>();
     w->op = name;
@@ -438,15 +408,6 @@ class MpiGroup final : public ProcessGroup {
     });
   }
 
-  uint64_t collectives_issued() const override {
-    std::lock_guard<std::mutex> lock(mpi_mutex());
-    return core_->last_seq;
-  }
-
-  void abort(const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(mpi_mutex());
-    core_->fail(::tandem::detail::concat("rank ", core_->rank, ": the mpi group was aborted: ", reason), nullptr);
-  }
 
   // Never throws. With `wait_for_peers` (dist::finalize), finishes pending collectives, waits for
   // every rank to get here and frees the communicator.

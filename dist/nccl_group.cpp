@@ -26,23 +26,10 @@ namespace {
 const std::string kBackend = "nccl";
 
 ncclDataType_t nccl_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return ncclFloat32;
-    case DType::f64: return ncclFloat64;
-    case DType::f16: return ncclFloat16;
-    case DType::bf16: return ncclBfloat16;
-    case DType::i32: return ncclInt32;
-    case DType::i64: return ncclInt64;
-    case DType::u8:
-    case DType::boolean: return ncclUint8;
-  }
-  return ncclUint8;
-}
-
-ncclDataType_t reduce_type(DType dtype, ReduceOp op, const char* name) {
-  TANDEM_CHECK_AS(TypeError, dtype != DType::boolean || op == ReduceOp::max || op == ReduceOp::min, "nccl ", name,
-                  ": bool tensors reduce with max (any) or min (all), not ", reduce_op_name(op));
-  return nccl_type(dtype);
+  // In DType's order: f32, f64, f16, bf16, i32, i64, u8, bool (as bytes).
+  const ncclDataType_t types[] = {ncclFloat32, ncclFloat64, ncclFloat16, ncclBfloat16,
+                                  ncclInt32,   ncclInt64,   ncclUint8,   ncclUint8};
+  return types[static_cast<int>(dtype)];
 }
 
 // `size`: the communicator's ranks. With one rank, avg is the identity and goes to NCCL as sum: NCCL
@@ -236,9 +223,9 @@ std::shared_ptr<NcclWork> new_state(const char* op, size_t bytes, std::vector<Te
   return w;
 }
 
-class NcclGroup final : public ProcessGroup {
+class NcclGroup final : public TrackedGroup {
  public:
-  explicit NcclGroup(std::shared_ptr<NcclCore> core) : core_(std::move(core)) {
+  explicit NcclGroup(const std::shared_ptr<NcclCore>& core) : TrackedGroup(core), core_(core) {
     {
       // Allocated for the communication stream: its block is reused in that stream's order.
       cuda::StreamGuard stream_guard(core_->device, core_->nccl_stream());
@@ -248,13 +235,7 @@ class NcclGroup final : public ProcessGroup {
   }
   ~NcclGroup() override { shutdown(); }
 
-  int rank() const override { return core_->rank; }
-  int size() const override { return core_->size; }
-  std::string backend() const override { return kBackend; }
-
-  std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op, const std::string& label) override {
-    return all_reduce(std::vector<Tensor>{tensor}, op, label);
-  }
+  using TrackedGroup::all_reduce;
 
   std::shared_ptr<Work> all_reduce(const std::vector<Tensor>& tensors, ReduceOp op, const std::string& label) override {
     const char* name = "all_reduce";
@@ -262,7 +243,7 @@ class NcclGroup final : public ProcessGroup {
     size_t bytes = 0, count = 0;
     for (const Tensor& t : tensors) {
       check_tensor(t, device(), kBackend, name, "tensor");
-      reduce_type(t.dtype(), op, name);
+      check_reducible(t.dtype(), op, kBackend, name);
       bytes += t.nbytes();
       count += static_cast<size_t>(t.numel());
     }
@@ -302,13 +283,7 @@ class NcclGroup final : public ProcessGroup {
 
   std::shared_ptr<Work> all_gather(const Tensor& output, const Tensor& input, const std::string& label) override {
     const char* name = "all_gather";
-    check_tensor(output, device(), kBackend, name, "output");
-    check_tensor(input, device(), kBackend, name, "input");
-    check_same_dtype(output, input, kBackend, name);
-    TANDEM_CHECK_AS(ValueError, output.numel() == core_->size * input.numel(), "nccl all_gather: output has ",
-                    output.numel(), " elements, but ", core_->size, " ranks x input's ", input.numel(), " make ",
-                    core_->size * input.numel());
-    is_rank_slice(output, input, core_->rank, kBackend, name);  // NCCL does the in-place layout itself
+    check_all_gather(output, input, core_->rank, core_->size, device(), kBackend);  // NCCL does in place itself
     auto w = new_state(name, output.nbytes(), {output, input});
     auto fingerprint = Fingerprint::make(name, input.numel(), input.dtype(), std::nullopt, -1, label);
     std::lock_guard<std::mutex> lock(core_->mutex);
@@ -321,14 +296,7 @@ class NcclGroup final : public ProcessGroup {
   std::shared_ptr<Work> reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op,
                                        const std::string& label) override {
     const char* name = "reduce_scatter";
-    check_tensor(output, device(), kBackend, name, "output");
-    check_tensor(input, device(), kBackend, name, "input");
-    check_same_dtype(output, input, kBackend, name);
-    TANDEM_CHECK_AS(ValueError, input.numel() == core_->size * output.numel(), "nccl reduce_scatter: input has ",
-                    input.numel(), " elements, but ", core_->size, " ranks x output's ", output.numel(), " make ",
-                    core_->size * output.numel());
-    reduce_type(input.dtype(), op, name);
-    is_rank_slice(input, output, core_->rank, kBackend, name);
+    check_reduce_scatter(output, input, op, core_->rank, core_->size, device(), kBackend);
     auto w = new_state(name, input.nbytes(), {output, input});
     auto fingerprint = Fingerprint::make(name, output.numel(), input.dtype(), op, -1, label);
     std::lock_guard<std::mutex> lock(core_->mutex);
@@ -359,15 +327,6 @@ class NcclGroup final : public ProcessGroup {
     });
   }
 
-  uint64_t collectives_issued() const override {
-    std::lock_guard<std::mutex> lock(core_->mutex);
-    return core_->last_seq;
-  }
-
-  void abort(const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(core_->mutex);
-    core_->fail(::tandem::detail::concat("rank ", core_->rank, ": the nccl group was aborted: ", reason), nullptr);
-  }
 
   // Never throws.
   void shutdown() {

@@ -98,14 +98,15 @@ void WorkTracker::dump(const std::string& reason) const {
   if (!path.empty()) report_failure(::tandem::detail::concat("rank ", rank, ": flight recorder written to ", path));
 }
 
-std::string WorkTracker::mismatch_message(const std::vector<Fingerprint>& per_rank) const {
-  return ::tandem::detail::concat("rank ", rank, ": ", backend, " ranks issued different collectives: ",
-                                  mismatch_text(per_rank),
+std::string WorkTracker::mismatch_message(const std::vector<Fingerprint>& per_rank, const std::string& where) const {
+  return ::tandem::detail::concat("rank ", rank, ": ", backend, " ranks issued different collectives",
+                                  where.empty() ? "" : " before " + where, ": ", mismatch_text(per_rank),
                                   " (every rank must issue the same collectives in the same order)");
 }
 
-void WorkTracker::fail_mismatch(const std::vector<Fingerprint>& per_rank, const TrackedWork* w) {
-  std::string message = mismatch_message(per_rank);
+void WorkTracker::fail_mismatch(const std::vector<Fingerprint>& per_rank, const TrackedWork* w,
+                                const std::string& where) {
+  std::string message = mismatch_message(per_rank, where);
   fail(message, w);
   TANDEM_THROW(BackendError, message);
 }
@@ -146,7 +147,7 @@ void WorkTracker::check_in_sync(const std::string& where, const HostAllGather& g
     for (int r = 0; r < size; ++r) {
       if (!per_rank[r].matches(per_rank[0])) {
         for (int q = 0; q < size; ++q) per_rank[q].seq = last_checked_seq + 1 + i;
-        fail_mismatch(per_rank, nullptr);
+        fail_mismatch(per_rank, nullptr, where);
       }
     }
   }
@@ -295,6 +296,18 @@ bool WorkTracker::stop_watchdog() {
   auto& r = registry();
   r.erase(std::remove(r.begin(), r.end(), this), r.end());
   return true;
+}
+
+uint64_t TrackedGroup::collectives_issued() const {
+  std::lock_guard<std::mutex> lock(tracker_->mutex);
+  return tracker_->last_seq;
+}
+
+void TrackedGroup::abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(tracker_->mutex);
+  tracker_->fail(::tandem::detail::concat("rank ", tracker_->rank, ": the ", tracker_->backend,
+                                          " group was aborted: ", reason),
+                 nullptr);
 }
 
 void TrackedWorkHandle::synchronize() {

@@ -76,9 +76,11 @@ class WorkTracker {
   // Detail mode: compares `w`'s fingerprint across ranks (through `gather`) before it is launched.
   void check_before_launch(const TrackedWork& w, const HostAllGather& gather);
   // "rank 0: mpi ranks issued different collectives: rank 1 issued ... where rank 0 issued ..."
-  std::string mismatch_message(const std::vector<Fingerprint>& per_rank) const;
+  // `where`: the check that found it ("" for the check before a launch).
+  std::string mismatch_message(const std::vector<Fingerprint>& per_rank, const std::string& where = "") const;
   // The fingerprints of one collective from every rank disagree: fails the group and raises.
-  [[noreturn]] void fail_mismatch(const std::vector<Fingerprint>& per_rank, const TrackedWork* w);
+  [[noreturn]] void fail_mismatch(const std::vector<Fingerprint>& per_rank, const TrackedWork* w,
+                                  const std::string& where = "");
   // The flight recorder's JSON file, when a dump directory is set; says where on stderr.
   void dump(const std::string& reason) const;
 
@@ -123,6 +125,24 @@ class WorkTracker {
   void watch();
   std::condition_variable wake_;
   std::thread watchdog_;
+};
+
+// What both process groups answer from their tracker alone.
+class TrackedGroup : public ProcessGroup {
+ public:
+  explicit TrackedGroup(std::shared_ptr<WorkTracker> tracker) : tracker_(std::move(tracker)) {}
+  int rank() const override { return tracker_->rank; }
+  int size() const override { return tracker_->size; }
+  std::string backend() const override { return tracker_->backend; }
+  using ProcessGroup::all_reduce;
+  std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op, const std::string& label) override {
+    return all_reduce(std::vector<Tensor>{tensor}, op, label);
+  }
+  uint64_t collectives_issued() const override;
+  void abort(const std::string& reason) override;
+
+ protected:
+  std::shared_ptr<WorkTracker> tracker_;
 };
 
 // The Work handle of a tracked collective: the host-side waits, shared by both backends. A backend
