@@ -41,15 +41,34 @@ void check_device(int device) {
                   " does not exist (", count, " CUDA device(s) visible)");
 }
 
+namespace {
+// One non-blocking stream per device, made at the first use and kept for the process; at the
+// device's greatest priority or the default one.
+class StreamPerDevice {
+ public:
+  explicit StreamPerDevice(bool highest_priority) : highest_priority_(highest_priority) {}
+  cudaStream_t get(int device) {
+    check_device(device);
+    std::call_once(once_[device], [this, device] {
+      DeviceGuard guard(device);
+      int least = 0, greatest = 0;
+      if (highest_priority_) TANDEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&streams_[device], cudaStreamNonBlocking,
+                                                     highest_priority_ ? greatest : 0));
+    });
+    return streams_[device];
+  }
+
+ private:
+  bool highest_priority_;
+  std::once_flag once_[kMaxDevices];
+  cudaStream_t streams_[kMaxDevices] = {};
+};
+}  // namespace
+
 cudaStream_t compute_stream(int device) {
-  static std::once_flag once[kMaxDevices];
-  static cudaStream_t streams[kMaxDevices] = {};
-  check_device(device);
-  std::call_once(once[device], [device] {
-    DeviceGuard guard(device);
-    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking));
-  });
-  return streams[device];
+  static auto* streams = new StreamPerDevice(false);  // never destroyed: used until exit
+  return streams->get(device);
 }
 
 cudaStream_t current_stream(int device) {
@@ -61,16 +80,8 @@ cudaStream_t current_stream(int device) {
 StreamHandle current_stream_handle(int device) { return current_stream(device); }
 
 StreamHandle high_priority_stream(int device) {
-  static std::once_flag once[kMaxDevices];
-  static cudaStream_t streams[kMaxDevices] = {};
-  check_device(device);
-  std::call_once(once[device], [device] {
-    DeviceGuard guard(device);
-    int least = 0, greatest = 0;
-    TANDEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&streams[device], cudaStreamNonBlocking, greatest));
-  });
-  return streams[device];
+  static auto* streams = new StreamPerDevice(true);
+  return streams->get(device);
 }
 
 void set_device(int device) { TANDEM_CUDA_CHECK(cudaSetDevice(device)); }
