@@ -1,11 +1,15 @@
 // Fingerprints, the rolling-hash check and the flight recorder: the words of the errors, and the
 // bookkeeping of both process groups (the NCCL case runs on the GPU machine and skips elsewhere).
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "dist/dist_test_util.h"
+#include "tandem/dist/ddp.h"
 #include "tandem/dist/fingerprint.h"
 #include "tandem/dist/flight_recorder.h"
+#include "tandem/layers/layers.h"
+#include "tandem/optim/sgd.h"
 
 namespace tandem::dist {
 namespace {
@@ -55,6 +59,25 @@ TEST(FlightRecorder, KeepsTheLastEntriesWithTheirStatesAsJson) {
   EXPECT_EQ(recorder.fingerprints(1, 3).size(), 2u);
 }
 
+TEST(FlightRecorder, DumpWritesOneFilePerRankAndBackend) {
+  std::string dir = ::testing::TempDir() + "tandem_recorder_" + std::to_string(world().rank);
+  internal::set_dump_directory(dir);
+  internal::FlightRecorder recorder(4);
+  Fingerprint f = Fingerprint::make("broadcast", 3, DType::f32, std::nullopt, 0, "buffers");
+  f.seq = 1;
+  recorder.queued(f);
+  std::string path = recorder.dump(world().rank, world().size, "nccl", "a test");
+  internal::set_dump_directory("");
+  EXPECT_EQ(path, dir + "/rank" + std::to_string(world().rank) + "-nccl.json");
+  std::FILE* file = std::fopen(path.c_str(), "r");
+  ASSERT_NE(file, nullptr);
+  char text[512] = {};
+  size_t n = std::fread(text, 1, sizeof(text) - 1, file);
+  std::fclose(file);
+  EXPECT_NE(std::string(text, n).find("\"reason\": \"a test\""), std::string::npos) << text;
+  std::remove(path.c_str());
+}
+
 // Each collective takes one sequence number, and ranks that issued the same ones agree.
 void check_bookkeeping(ProcessGroup& group, const Device& device) {
   uint64_t before = group.collectives_issued();
@@ -70,6 +93,27 @@ TEST(Fingerprint, MpiGroupCountsCollectivesAndItsRanksAgree) { check_bookkeeping
 TEST(Fingerprint, NcclGroupCountsCollectivesAndItsRanksAgree) {
   TANDEM_REQUIRE_NCCL();
   check_bookkeeping(*world().gpu_group, world().device);
+}
+
+// DDP on this rank's device (the NCCL group on a GPU, even in a world of one) with both checks on
+// every step: its labelled buckets count as collectives and the ranks agree throughout.
+TEST(Fingerprint, DdpChecksEveryStepOnItsGroup) {
+  const Device device = world().gpu_group ? world().device : Device();
+  manual_seed(3);
+  auto model = std::make_shared<nn::Linear>(16, 8, true, TensorOptions(DType::f32, device));
+  DdpOptions options;
+  options.check_parameters_every = 1;
+  DistributedDataParallel ddp(model, options);
+  optim::SGD opt(model->parameters(), {0.1});
+  Generator gen(11 + world().rank);
+  Tensor x = to(randn({4, 16}, DType::f32, &gen), device);
+  for (int step = 0; step < 3; ++step) {
+    uint64_t before = ddp.group().collectives_issued();
+    opt.zero_grad();
+    EXPECT_NO_THROW(sum(ddp(x)).backward());
+    opt.step();
+    EXPECT_GT(ddp.group().collectives_issued(), before);
+  }
 }
 
 }  // namespace
