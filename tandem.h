@@ -1,5 +1,7 @@
 #pragma once
-// Everything a training program needs, in one include.
+// Everything a training program needs, in one include: tensors and their ops, autograd, layers,
+// optimizers and schedules, checkpoints, GradScaler, data loading, process groups, DDP, ZeRO and the
+// distributed sampler.
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/autograd/gradcheck.h"
 #include "tandem/autograd/grad_mode.h"
@@ -12,7 +14,9 @@
 #include "tandem/core/tensor.h"
 #include "tandem/data/idx.h"
 #include "tandem/data/loader.h"
+#include "tandem/dist/ddp.h"
 #include "tandem/dist/process_group.h"
+#include "tandem/dist/zero.h"
 #include "tandem/layers/layers.h"
 #include "tandem/layers/module.h"
 #include "tandem/optim/adamw.h"
@@ -20,3 +24,5 @@
 #include "tandem/optim/optimizer.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/optim/sgd.h"
+#include "tandem/train/checkpoint.h"
+#include "tandem/train/precision.h"

@@ -2,6 +2,7 @@
 // The differentiable op API. Each op computes its forward through core kernels and, when an input
 // requires grad, records its backward (autograd/ops/*.cpp keep the two side by side).
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "tandem/core/kernels.h"
@@ -35,7 +36,17 @@ Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 enum class GeluApproximate { none, tanh };  // none: the exact erf form (PyTorch's default)
 Tensor gelu(const Tensor& x, GeluApproximate approximate = GeluApproximate::none);
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
+Tensor silu(const Tensor& x);  // x * sigmoid(x)
+// log(1 + exp(beta x)) / beta, and x where beta x > threshold (torch.nn.functional.softplus).
+Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);
+// Into [min, max]; either bound may be left out (std::nullopt), as in torch.clamp. The gradient is
+// 1 inside the bounds (boundaries included) and 0 outside.
 Tensor clamp(const Tensor& x, double min, double max);
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
+Tensor clamp_min(const Tensor& x, double min);
+Tensor clamp_max(const Tensor& x, double max);
 
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);
@@ -67,6 +78,10 @@ Tensor logical_not(const Tensor& x);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& cond, const Tensor& a, double b);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+// The lower (tril) or upper (triu) triangle of the last two dims, the rest zeroed: element (i, j)
+// is kept where j - i <= diagonal (tril) or j - i >= diagonal (triu), as torch.tril / torch.triu.
+Tensor tril(const Tensor& x, int64_t diagonal = 0);
+Tensor triu(const Tensor& x, int64_t diagonal = 0);
 
 // ---- reductions (empty dims: all of them) ----
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);

@@ -1,18 +1,15 @@
 """Runs bench/gpu_kernels (tandem) and bench/reference/kernels.py (PyTorch) one after the other on
 the same GPU and prints the side-by-side table: time, achieved bandwidth or rate, the fraction of
 the device-to-device copy bandwidth measured in the same run, and tandem's speed relative to
-PyTorch. Then, per cuDNN algorithm selection asked for, one row per ResNet-18 convolution shape and
-direction: median per-call time (ms), device time alone (gpu), host time to issue a call (host),
+PyTorch. Then one row per ResNet-18 convolution shape and direction: median per-call time (ms), device time alone (gpu), host time to issue a call (host),
 and tandem's speed relative to PyTorch for ms and gpu (below 1.00x: tandem is slower).
 
 Usage: python3 bench/compare_kernels.py BUILD_DIR [--json OUT.json] [--conv-only | --attention-only]
-           [--select legacy,v7,graph] [--topk K] [--heur-mode instant|b|a] [--log]
+           [--runs N] [--log]
   --conv-only   only the convolutions (both sides)
   --attention-only   only GPT-2's attention, forward and forward + backward (both sides)
-  --select      run gpu_kernels once per value of TANDEM_CUDNN_ALGO_SELECT (default: one run with
-                the environment as it is, i.e. graph unless TANDEM_CUDNN_ALGO_SELECT is set)
-  --topk        TANDEM_CUDNN_TIME_TOPK for those runs
-  --heur-mode   TANDEM_CUDNN_HEUR_MODE for those runs
+  --runs        run gpu_kernels N times (default 1): the convolution table once per run, to see
+                run-to-run variation
   --log         TANDEM_CUDNN_LOG=1, and print tandem's cuDNN choices"""
 import json
 import os
@@ -104,7 +101,7 @@ def main():
         if "--json" in sys.argv:
             pathlib.Path(option("--json")).write_text(json.dumps({"pytorch": torch, "tandem": tandem}, indent=1))
         return
-    selects = option("--select").split(",") if option("--select") else [None]
+    runs = int(option("--runs") or 1)
     extra = ["--conv-only"] if conv_only else []
 
     torch, _ = run([sys.executable, str(here / "reference" / "kernels.py")] + extra)
@@ -112,23 +109,13 @@ def main():
     v = torch.get("versions", {})
     print(f"PyTorch {v.get('torch')} with cuDNN {v.get('cudnn')} on {v.get('device')} "
           "(tandem's cuDNN version: the first line of --log)")
-    for i, select in enumerate(selects):
+    for i in range(runs):
         env = dict(os.environ)
-        if select is not None:
-            env["TANDEM_CUDNN_ALGO_SELECT"] = select
-        select = env.get("TANDEM_CUDNN_ALGO_SELECT", "graph")
-        if option("--topk") is not None:
-            env["TANDEM_CUDNN_TIME_TOPK"] = option("--topk")
-        if option("--heur-mode") is not None:
-            env["TANDEM_CUDNN_HEUR_MODE"] = option("--heur-mode")
         if "--log" in sys.argv:
             env["TANDEM_CUDNN_LOG"] = "1"
         args = extra if (conv_only or i == 0) else ["--conv-only"]
         tandem, log = run([str(build / "bench" / "gpu_kernels")] + args, env)
-        label = f"select={select}" + (f" topk={option('--topk')}" if option("--topk") else "") + \
-                (f" heur={option('--heur-mode')}" if option("--heur-mode") else "")
-        if label in results["tandem_by_select"]:
-            label += f" (run {i + 1})"  # the same selection again: run-to-run variation
+        label = f"graph (run {i + 1})"
         results["tandem_by_select"][label] = tandem
         if i == 0:
             results["tandem"] = tandem  # the layout of earlier versions: the first run

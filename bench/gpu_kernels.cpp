@@ -10,8 +10,8 @@
 // Attention: GPT-2's causal self-attention (B 8, H 12, T 1024, D 64; q, k and v as views of the
 // packed (B, T, 3, H, D) projection), forward and forward + backward, in f32 under TF32
 // ("attention_*_tf32"), f32 under "highest" (3xTF32), and bf16 (cuDNN).
-// Usage: gpu_kernels [--conv-only | --attention-only]. TANDEM_CUDNN_ALGO_SELECT and friends
-// (core/cuda/cudnn.cpp) choose how cuDNN algorithms are picked.
+// Usage: gpu_kernels [--conv-only | --attention-only]. TANDEM_CUDNN_LOG=1 prints cuDNN's choices
+// (core/cuda/cudnn_conv.cpp).
 #include <atomic>
 #include <chrono>
 #include <cstdio>

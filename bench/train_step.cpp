@@ -9,6 +9,7 @@
 //   train_step --workload gpt2 --precision bf16        (8 sequences of 1024 tokens)
 //   train_step --workload resnet18 --precision tf32    (256 images of 3x32x32)
 //   mpirun -np 2 train_step --workload mlp --precision bf16 --bucket-mb 25
+//   mpirun -np 4 train_step --workload gpt2 --precision bf16 --zero 2     (ZeRO stage 2)
 //   train_step --device cpu --batch 8 --steps 3 --warmup 1
 //   train_step --workload gpt2 --precision bf16 --dist-checks on    (then off: what the checks cost)
 #include <CLI/CLI.hpp>
@@ -28,6 +29,7 @@
 
 #include "tandem/core/cuda_api.h"
 #include "tandem/dist/ddp.h"
+#include "tandem/dist/zero.h"
 #include "tandem/dist/timeline.h"
 #include "tandem/tandem.h"
 #include "step_trace.h"
@@ -52,28 +54,13 @@ struct Config {
   std::string comm_dtype = "same";  // same (the gradients' dtype), f32 or bf16
   bool no_overlap = false;
   bool no_overlap_optimizer = false;
+  int zero = 0;       // ZeRO stage: 0 (plain DDP), 1 (sharded optimizer state), 2 (and sharded gradients)
   std::string trace;  // when set: a Chrome trace of one more step after warm-up (bench/step_trace.h)
   // "on"/"off": train through DDP even in a world of one, with the cross-rank checks of the
   // collectives every step (on) or none (off), to measure what the checks cost. "" (default): DDP
   // only under mpirun, with its default checks.
   std::string dist_checks;
 };
-
-// What a precision name means in tandem: the dtype of parameters, activations and data; the f32
-// matmul mode (TF32 or not); and whether the loss is scaled.
-struct Precision {
-  DType dtype;
-  cuda::MatmulPrecision matmul;
-  bool grad_scaler;
-};
-
-Precision parse_precision(const std::string& name) {
-  if (name == "f32") return {DType::f32, cuda::MatmulPrecision::highest, false};
-  if (name == "tf32") return {DType::f32, cuda::MatmulPrecision::high, false};
-  if (name == "bf16") return {DType::bf16, cuda::MatmulPrecision::highest, false};
-  if (name == "fp16") return {DType::f16, cuda::MatmulPrecision::highest, true};
-  TANDEM_THROW(ValueError, "unknown precision '", name, "': expected f32, tf32, bf16 or fp16");
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -88,8 +75,7 @@ int run_benchmark(const Config& cfg) {
   const bool lead = world.rank == 0;
   const Device device = cfg.device == "cuda" && world.device.is_cuda() ? world.device : Device(cfg.device);
   const bool on_gpu = device.is_cuda();
-  const Precision precision = parse_precision(cfg.precision);
-  cuda::set_matmul_precision(precision.matmul);  // set for every precision: f32 must not inherit TF32
+  const train::PrecisionPolicy precision = train::PrecisionPolicy::parse(cfg.precision);
 
   bench::WorkloadOptions spec;
   spec.name = cfg.workload;
@@ -98,27 +84,35 @@ int run_benchmark(const Config& cfg) {
   const int64_t batch = spec.batch_or_default();
   manual_seed(0);
   std::shared_ptr<nn::Module> model = bench::make_model(spec, device);
-  model->to(precision.dtype);  // 16-bit parameters; the optimizer keeps f32 master weights itself
+  precision.apply(*model);  // model dtype and matmul mode; the optimizer keeps f32 masters itself
   manual_seed(1 + static_cast<uint64_t>(world.rank));  // each rank its own batch, drawn once
-  const bench::Batch data = bench::make_batch(spec, precision.dtype, device);
+  const bench::Batch data = bench::make_batch(spec, precision.model_dtype, device);
   optim::AdamWOptions adamw;
   adamw.lr = 1e-4;  // torch.optim.AdamW's defaults otherwise
-  optim::AdamW optimizer(model->parameters(), adamw);
+  auto adamw_optimizer = std::make_unique<optim::AdamW>(model->parameters(), adamw);
+  optim::Optimizer* optimizer = adamw_optimizer.get();  // the AdamW, or the ZeRO optimizer over it
+  std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
 
   dist::Timeline timeline(device);  // records only the one step traced for --trace
   std::unique_ptr<dist::DistributedDataParallel> ddp;
-  if (world.size > 1 || !cfg.dist_checks.empty()) {
+  if (world.size > 1 || cfg.zero > 0 || !cfg.dist_checks.empty()) {
     dist::DdpOptions options;
     if (cfg.dist_checks == "off") options.check_collectives_every = 0;
     options.bucket_cap_mb = cfg.bucket_mb;
     options.first_bucket_mb = cfg.first_bucket_mb;
     options.overlap = !cfg.no_overlap;
     // A GradScaler reads every gradient before the step, so the step cannot overlap the last bucket.
-    options.overlap_optimizer = !cfg.no_overlap_optimizer && !precision.grad_scaler;
+    options.overlap_optimizer = !cfg.no_overlap_optimizer && !precision.grad_scaler && cfg.zero == 0;
+    options.zero_stage = cfg.zero;
     if (cfg.comm_dtype == "f32") options.comm_dtype = DType::f32;
     if (cfg.comm_dtype == "bf16") options.comm_dtype = DType::bf16;
     ddp = std::make_unique<dist::DistributedDataParallel>(model, options);
     ddp->set_timeline(&timeline);
+    if (cfg.zero > 0) {
+      zero = std::make_unique<dist::ZeroRedundancyOptimizer>(*ddp, std::move(adamw_optimizer));
+      zero->set_timeline(&timeline);
+      optimizer = zero.get();
+    }
   }
   const bench::Forward forward = [&](const Tensor& x) { return ddp ? ddp->forward(x) : (*model)(x); };
 
@@ -129,7 +123,7 @@ int run_benchmark(const Config& cfg) {
   auto step = [&]() -> Tensor {
     // timeline.begin()/end(): the spans of --trace's step; they return at once otherwise.
     timeline.begin("zero_grad");
-    optimizer.zero_grad(/*set_to_none=*/true);
+    optimizer->zero_grad(/*set_to_none=*/true);
     timeline.end();
     timeline.begin("forward + loss");
     Tensor loss = bench::workload_loss(cfg.workload, forward, data);
@@ -140,7 +134,7 @@ int run_benchmark(const Config& cfg) {
       scaled.backward();
       timeline.end();
       timeline.begin("optimizer");
-      scaler->step(optimizer);
+      scaler->step(*optimizer);
       scaler->update();
       timeline.end();
       return loss.detach();
@@ -149,8 +143,8 @@ int run_benchmark(const Config& cfg) {
     loss.backward();
     timeline.end();
     timeline.begin("optimizer");
-    if (ddp) ddp->step(optimizer);  // with the last bucket's all-reduce overlapped
-    else optimizer.step();
+    if (ddp) ddp->step(*optimizer);  // with the last bucket's all-reduce overlapped (stage 0)
+    else optimizer->step();
     timeline.end();
     return loss.detach();
   };
@@ -163,7 +157,8 @@ int run_benchmark(const Config& cfg) {
                        {"world_size", world.size}, {"bucket_mb", cfg.bucket_mb},
                        {"first_bucket_mb", cfg.first_bucket_mb}, {"comm_dtype", cfg.comm_dtype},
                        {"overlap", !cfg.no_overlap},
-                       {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler}});
+                       {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler},
+                       {"zero_stage", cfg.zero}});
   }
   if (on_gpu) {
     cuda::synchronize(device.index);
@@ -197,11 +192,34 @@ int run_benchmark(const Config& cfg) {
     const dist::DdpStats& st = ddp->stats();  // the last step's
     ddp_json = {{"world_size", world.size},         {"bucket_mb", cfg.bucket_mb},
                 {"comm_dtype", cfg.comm_dtype},     {"overlap", !cfg.no_overlap},
-                {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler},
+                {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler && cfg.zero == 0},
                 {"buckets", st.buckets},            {"bytes", st.bytes},
                 {"comm_ms", st.comm_ms},            {"exposed_ms", st.exposed_ms},
                 {"hidden_fraction", st.hidden_fraction},
                 {"dist_checks", cfg.dist_checks.empty() ? "default" : cfg.dist_checks}};
+  }
+  nlohmann::ordered_json zero_json = nullptr;
+  if (zero) {
+    const dist::ZeroStats& st = zero->stats();  // the last step's parameter all-gathers
+    zero_json = {{"stage", cfg.zero},         {"all_gathers", st.gathers},       {"bytes", st.bytes},
+                 {"gather_ms", st.gather_ms}, {"exposed_ms", st.exposed_ms}, {"hidden_fraction", st.hidden_fraction}};
+  }
+  // This rank's optimizer state (moments, f32 master weights, step counts) and every rank's
+  // allocator peak (GPU; the CPU backend has no allocator statistics).
+  const int64_t state_bytes = optimizer->state_bytes();
+  nlohmann::ordered_json peaks = nullptr;
+  nlohmann::ordered_json state_per_rank = nlohmann::ordered_json::array();
+  {
+    Tensor mine = from_vector(std::vector<int64_t>{
+        state_bytes, on_gpu ? static_cast<int64_t>(cuda::max_memory_allocated(device.index)) : int64_t{-1}});
+    Tensor all = empty({2 * world.size}, DType::i64);  // (2 * world,) per rank: state, peak
+    world.cpu_group->all_gather(all, mine)->synchronize();
+    std::vector<int64_t> v = all.to_vector<int64_t>();
+    if (on_gpu) peaks = nlohmann::ordered_json::array();
+    for (int r = 0; r < world.size; ++r) {
+      state_per_rank.push_back(v[2 * r]);
+      if (on_gpu) peaks.push_back(v[2 * r + 1]);
+    }
   }
   if (!lead) return 0;
   for (size_t i = 0; i < loss_values.size(); ++i) {
@@ -233,6 +251,11 @@ int run_benchmark(const Config& cfg) {
       {"loss_first", loss_values.front()},  // before any update
       {"loss_last", loss_values.back()},
       {"ddp", ddp_json},
+      {"zero_stage", cfg.zero},
+      {"zero", zero_json},
+      {"optimizer_state_bytes", state_bytes},
+      {"optimizer_state_bytes_per_rank", state_per_rank},
+      {"peak_memory_bytes_per_rank", peaks},
   };
 
   std::fprintf(stderr,
@@ -265,7 +288,7 @@ int main(int argc, char** argv) {
   app.add_option("--precision", cfg.precision,
                  "f32 (no TF32), tf32 (f32 parameters, TF32 matmuls), bf16 or fp16 (16-bit model, fp16 with a "
                  "gradient scaler)")
-      ->check(CLI::IsMember({"f32", "tf32", "bf16", "fp16"}));
+      ->check(CLI::IsMember(train::PrecisionPolicy::names()));
   app.add_option("--device", cfg.device, "cuda (GPU 0) or cpu; default cuda when a GPU is visible")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   app.add_option("--batch", cfg.batch,
@@ -288,6 +311,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-overlap-optimizer", cfg.no_overlap_optimizer,
                "DDP: wait for every bucket before the optimizer step (default: update the other parameters while "
                "the last bucket travels)");
+  app.add_option("--zero", cfg.zero,
+                 "ZeRO stage: 0 plain DDP, 1 optimizer state sharded across ranks, 2 gradients too (makes a DDP "
+                 "even for one process)")
+      ->check(CLI::Range(0, 2));
   app.add_option("--trace", cfg.trace,
                  "after warm-up, record one more step and write it here as a Chrome trace (every rank in one "
                  "file; open in ui.perfetto.dev)");

@@ -3,7 +3,8 @@
 #include <cstdint>
 
 #include "tandem/core/backend.h"
-#include "tandem/core/kernels.h"
+#include "tandem/core/attention.h"
+#include "tandem/core/copy.h"
 #include "tandem/core/views.h"
 
 namespace tandem::kernels {

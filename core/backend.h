@@ -1,7 +1,7 @@
 #pragma once
 // The functions every device backend implements, declared once for both: core/cpu/ implements
 // namespace cpu, core/cuda/ (or the no-CUDA stubs in core/no_cuda/) implements namespace cuda.
-// Callers are the device-neutral kernels in core/kernels.cpp, which check arguments and allocate
+// Callers are the device-neutral kernels in core/<family>.cpp, which check arguments and allocate
 // outputs first: backends receive outputs of the right shape and dtype on the right device.
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +14,9 @@ namespace tandem {
 #define TANDEM_BACKEND_KERNELS                                                                      \
   /* x is already expanded to out's shape; out is contiguous */                                    \
   void unary(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double beta);            \
+  /* out = grad * op'(x), all of one shape and floating dtype; out contiguous */                   \
+  void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& out,           \
+                      double alpha, double beta);                                                   \
   /* a, b are expanded to out's shape; out is contiguous */                                        \
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);                    \
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);              \

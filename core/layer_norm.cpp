@@ -3,14 +3,13 @@
 #include <cstdint>
 
 #include "tandem/core/backend.h"
-#include "tandem/core/kernels.h"
+#include "tandem/core/kernel_checks.h"
+#include "tandem/core/layer_norm.h"
 #include "tandem/core/views.h"
 
 namespace tandem::kernels {
 
 namespace {
-#define TANDEM_ROUTE(device, fn, ...) ((device).is_cpu() ? cpu::fn(__VA_ARGS__) : cuda::fn(__VA_ARGS__))
-
 DType stats_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
 
 // A (D,) parameter of x's dtype and device, contiguous (or undefined).
@@ -87,6 +86,5 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, cons
   return grads;
 }
 
-#undef TANDEM_ROUTE
 
 }  // namespace tandem::kernels

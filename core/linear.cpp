@@ -4,7 +4,11 @@
 #include <cstdint>
 
 #include "tandem/core/backend.h"
-#include "tandem/core/kernels.h"
+#include "tandem/core/copy.h"
+#include "tandem/core/elementwise.h"
+#include "tandem/core/linear.h"
+#include "tandem/core/matmul.h"
+#include "tandem/core/reduce.h"
 #include "tandem/core/views.h"
 
 namespace tandem::kernels {
@@ -91,7 +95,7 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
                   "linear_backward: the activation's gradient needs the pre-activation shaped ",
                   shape_str(grad_out.shape()));
   Tensor g = as_matrix(grad_out);                                                                 // (M, N)
-  if (act == Activation::gelu_tanh) g = binary(BinaryOp::gelu_tanh_backward, g, as_matrix(pre));  // d pre
+  if (act == Activation::gelu_tanh) g = unary_backward(UnaryOp::gelu_tanh, g, as_matrix(pre));  // d pre
   LinearGrads grads;
   if (need_x)
     grads.x = views::reshape(matmul(g, weight), output_shape(grad_out, weight.shape()[1]));  // (M, N) @ (N, K)

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "tandem/core/kernels.h"
+#include "tandem/core/temp_files.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors I/O copies raw bytes and assumes a little-endian host"
@@ -391,7 +392,9 @@ SafetensorsFile load_safetensors(const std::string& path) {
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   Plan p = plan(tensors, metadata, "save_safetensors");
-  std::string tmp = detail::concat(path, ".tmp.", ::getpid());
+  remove_stale_temp_files(path);  // left by saves of this target that were killed
+  const std::string tmp = temp_path_for(path);
+  TempFileGuard guard(tmp);  // removed if SIGINT or SIGTERM ends the process mid-write
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   TANDEM_CHECK_AS(BackendError, fd >= 0, "save_safetensors: cannot create '", tmp, "': ", os_error());
   try {

@@ -35,7 +35,8 @@ struct SafetensorsFile {
 // Writes `tensors` (any device, dtype of tandem's, layout) as a safetensors file. The bytes go to
 // `path + ".tmp.<pid>"`, are flushed to disk, and the temporary file is then renamed over `path`
 // (and the directory synced), so `path` holds either the old file or the complete new one.
-// Names must be unique and not "__metadata__". OS failures throw a BackendError.
+// Temporary files of `path` left by killed processes are removed first, and SIGINT or SIGTERM
+// during the write removes this one (core/temp_files.h). Names must be unique and not "__metadata__". OS failures throw a BackendError.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,

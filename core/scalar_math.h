@@ -39,6 +39,26 @@ TANDEM_HOST_DEVICE C gelu_erf_grad(C x) {
   return C(0.5) * (C(1) + std::erf(x * C(kInvSqrt2))) + x * std::exp(C(-0.5) * x * x) * C(kInvSqrt2Pi);
 }
 
+// x * sigmoid(x) differentiated: s (1 + x (1 - s)).
+template <typename C>
+TANDEM_HOST_DEVICE C silu_grad(C x) {
+  C s = sigmoid(x);
+  return s * (C(1) + x * (C(1) - s));
+}
+
+// PyTorch's softplus: log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (where
+// the two agree to the dtype's precision and exp would overflow).
+template <typename C>
+TANDEM_HOST_DEVICE C softplus(C x, C beta, C threshold) {
+  C z = x * beta;
+  return z > threshold ? x : std::log1p(std::exp(z)) / beta;
+}
+template <typename C>
+TANDEM_HOST_DEVICE C softplus_grad(C x, C beta, C threshold) {
+  C z = x * beta;
+  return z > threshold ? C(1) : sigmoid(z);
+}
+
 // max/min that propagate NaN, like PyTorch's maximum/minimum.
 template <typename C>
 TANDEM_HOST_DEVICE C nan_max(C a, C b) { return (a != a || a > b) ? a : b; }

@@ -110,6 +110,48 @@ class Tensor {
   void register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook);
   std::shared_ptr<autograd::AutogradMeta>& autograd_meta() const { return impl().autograd; }
 
+  // ---- differentiable methods, as in PyTorch: x.f(...) is f(x, ...) of autograd/ops.h
+  // (defined in autograd/tensor_methods.cpp) ----
+  Tensor to(Device device) const;
+  Tensor to(DType dtype) const;
+  Tensor reshape(const Shape& shape) const;
+  Tensor view(const Shape& shape) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor permute(const std::vector<int64_t>& order) const;
+  Tensor t() const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor expand(const Shape& shape) const;
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor contiguous() const;
+  Tensor clone() const;
+  Tensor sum(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
+  Tensor mean(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
+  Tensor max() const;  // the largest element, 0-dim (amax over every dim)
+  Tensor min() const;
+  Tensor argmax() const;  // flat index of the largest element
+  Tensor matmul(const Tensor& other) const;
+  Tensor pow(double exponent) const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor sqrt() const;
+  Tensor abs() const;
+  Tensor neg() const;
+  Tensor sin() const;
+  Tensor cos() const;
+  Tensor tanh() const;
+  Tensor sigmoid() const;
+  Tensor relu() const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+  Tensor clamp(double min, double max) const;
+  Tensor masked_fill(const Tensor& mask, double value) const;
+  Tensor tril(int64_t diagonal = 0) const;
+  Tensor triu(int64_t diagonal = 0) const;
+
  private:
   struct Impl {
     Storage storage;

@@ -169,7 +169,14 @@ size_t read_full(ByteSource& in, uint8_t* dst, size_t n) {
   return got;
 }
 
-Tensor parse_stream(ByteSource& in, uint64_t stored_size, const std::string& source) {
+// What an IDX header says: the element type and the sizes.
+struct Header {
+  const ElementType* type;
+  Shape shape;
+  uint64_t numel;
+};
+
+Header read_header(ByteSource& in, const std::string& source) {
   uint8_t magic[4];
   size_t got = read_full(in, magic, 4);
   TANDEM_CHECK_AS(ValueError, got == 4, where(source), "the file is ", got, " bytes, shorter than the 4-byte magic");
@@ -199,6 +206,15 @@ Tensor parse_stream(ByteSource& in, uint64_t stored_size, const std::string& sou
                     " bytes of data");
     numel *= size;
   }
+  return {type, shape, numel};
+}
+
+Tensor parse_stream(ByteSource& in, uint64_t stored_size, const std::string& source) {
+  const Header h = read_header(in, source);
+  const ElementType* type = h.type;
+  const Shape& shape = h.shape;
+  const uint64_t numel = h.numel;
+  const int ndims = static_cast<int>(shape.size());
   uint64_t expected = numel * type->size;
   uint64_t header = 4 + 4 * static_cast<uint64_t>(ndims);
   std::string described =
@@ -236,6 +252,19 @@ bool is_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+// What is at `path`: "" when nothing, else "a regular file", "a directory", "a FIFO", ...
+std::string file_kind(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "";
+  if (S_ISREG(st.st_mode)) return "a regular file";
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(st.st_mode)) return "a character device";
+  if (S_ISBLK(st.st_mode)) return "a block device";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  return "not a regular file";
+}
+
 std::vector<uint8_t> read_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   TANDEM_CHECK_AS(ValueError, fd >= 0, "read_idx: cannot open '", path, "': ", std::strerror(errno));
@@ -245,7 +274,8 @@ std::vector<uint8_t> read_file(const std::string& path) {
   } closer{fd};
   struct stat st {};
   TANDEM_CHECK_AS(BackendError, ::fstat(fd, &st) == 0, "read_idx: '", path, "': ", std::strerror(errno));
-  TANDEM_CHECK_AS(ValueError, S_ISREG(st.st_mode), "read_idx: '", path, "' is not a regular file");
+  TANDEM_CHECK_AS(ValueError, S_ISREG(st.st_mode), "read_idx: '", path, "' is ", file_kind(path),
+                  ", expected a regular IDX file (plain or .gz)");
   TANDEM_CHECK_AS(ValueError, static_cast<uint64_t>(st.st_size) <= kMaxDataBytes + 64, where(path), "the file is ",
                   st.st_size, " bytes, over the limit of ", kMaxDataBytes, " bytes of data");
   std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
@@ -263,17 +293,32 @@ std::vector<uint8_t> read_file(const std::string& path) {
 
 std::string find_file(const std::string& dir, const std::string& name) {
   std::string plain = dir + "/" + name;
-  if (is_file(plain)) return plain;
-  if (is_file(plain + ".gz")) return plain + ".gz";
+  for (const std::string& path : {plain, plain + ".gz"}) {
+    std::string kind = file_kind(path);
+    if (kind.empty()) continue;
+    TANDEM_CHECK_AS(ValueError, is_file(path), "load_fashion_mnist: '", path, "' is ", kind,
+                    ", expected a regular IDX file (plain or .gz)");
+    return path;
+  }
   TANDEM_THROW(ValueError, "load_fashion_mnist: neither '", plain, "' nor '", plain, ".gz' exists");
 }
 
 bool holds_fashion_mnist(const std::string& dir) {
   for (const char* name : {"train-images-idx3-ubyte", "t10k-images-idx3-ubyte"}) {
     std::string path = dir + "/" + name;
-    if (is_file(path) || is_file(path + ".gz")) return true;
+    if (!file_kind(path).empty() || !file_kind(path + ".gz").empty()) return true;  // find_file says what is wrong
   }
   return false;
+}
+
+// The header of a whole file's bytes, plain or gzip, decompressing only the header.
+Header header_of(const std::vector<uint8_t>& bytes, const std::string& source) {
+  if (bytes.size() >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b) {
+    GzipSource in(bytes.data(), bytes.size(), source);
+    return read_header(in, source);
+  }
+  PlainSource in(bytes.data(), bytes.size());
+  return read_header(in, source);
 }
 
 }  // namespace
@@ -324,17 +369,20 @@ FashionMnist load_fashion_mnist(const std::string& dir, bool train) {
   std::string prefix = train ? "train" : "t10k";
   std::string images_path = find_file(d, prefix + "-images-idx3-ubyte");
   std::string labels_path = find_file(d, prefix + "-labels-idx1-ubyte");
-  Tensor images = read_idx(images_path);
-  Tensor labels = read_idx(labels_path);
-  TANDEM_CHECK_AS(ValueError,
-                  images.dtype() == DType::u8 && images.dim() == 3 && images.size(1) == 28 && images.size(2) == 28,
-                  "load_fashion_mnist: '", images_path, "' holds ", images.dtype(), " ", shape_str(images.shape()),
+  const std::vector<uint8_t> image_bytes = read_file(images_path), label_bytes = read_file(labels_path);
+  // The headers first: a file that lies about its count fails here, before it is decompressed.
+  const Header ih = header_of(image_bytes, images_path), lh = header_of(label_bytes, labels_path);
+  const Shape& is = ih.shape;
+  TANDEM_CHECK_AS(ValueError, ih.type->code == 0x08 && is.size() == 3 && is[1] == 28 && is[2] == 28,
+                  "load_fashion_mnist: '", images_path, "' declares ", ih.type->name, " ", shape_str(is),
                   ", expected u8 (N, 28, 28) images");
-  TANDEM_CHECK_AS(ValueError, labels.dtype() == DType::u8 && labels.dim() == 1, "load_fashion_mnist: '", labels_path,
-                  "' holds ", labels.dtype(), " ", shape_str(labels.shape()), ", expected u8 (N,) labels");
+  TANDEM_CHECK_AS(ValueError, lh.type->code == 0x08 && lh.shape.size() == 1, "load_fashion_mnist: '", labels_path,
+                  "' declares ", lh.type->name, " ", shape_str(lh.shape), ", expected u8 (N,) labels");
+  TANDEM_CHECK_AS(ValueError, is[0] == lh.shape[0], "load_fashion_mnist: '", images_path, "' declares ", is[0],
+                  " images but '", labels_path, "' declares ", lh.shape[0], " labels (they must be equal)");
+  Tensor images = parse_idx(image_bytes.data(), image_bytes.size(), images_path);
+  Tensor labels = parse_idx(label_bytes.data(), label_bytes.size(), labels_path);
   int64_t n = images.size(0);
-  TANDEM_CHECK_AS(ValueError, labels.size(0) == n, "load_fashion_mnist: '", images_path, "' holds ", n, " images but '",
-                  labels_path, "' holds ", labels.size(0), " labels");
 
   FashionMnist out;
   out.images = empty({n, 1, 28, 28}, DType::f32);  // (N, 1, 28, 28)

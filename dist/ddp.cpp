@@ -47,6 +47,9 @@ struct DistributedDataParallel::Bucket {
   std::vector<int64_t> offsets;  // element offset of each in buffer
   Tensor buffer;                 // (numel,) the gradients of its parameters, in their dtype
   Tensor comm;                   // (numel,) the buffer in the communication dtype while in flight
+  Tensor shard;                  // (numel / world size,) zero_stage 2: this rank's averaged slice
+  int64_t numel = 0;             // elements of buffer (padded to a multiple of the world size under ZeRO)
+  int64_t comm_bytes = 0;        // bytes of the last collective
   int64_t pending = 0;           // gradients still to come in this backward
   bool launched = false;
   int64_t launched_after = 0;
@@ -66,6 +69,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   TANDEM_CHECK_AS(ValueError, module_ != nullptr, "DistributedDataParallel: null module");
   TANDEM_CHECK_AS(ValueError, options_.bucket_cap_mb > 0 && options_.first_bucket_mb > 0,
                   "DistributedDataParallel: bucket sizes must be positive");
+  TANDEM_CHECK_AS(ValueError, options_.zero_stage >= 0 && options_.zero_stage <= 2,
+                  "DistributedDataParallel: zero_stage is ", options_.zero_stage, "; expected 0, 1 or 2");
+  TANDEM_CHECK_AS(ValueError, options_.zero_stage == 0 || (!options_.overlap_optimizer && !options_.comm_dtype),
+                  "DistributedDataParallel: zero_stage ", options_.zero_stage,
+                  " works without overlap_optimizer and comm_dtype (ZeRO overlaps the parameters' all-gather instead)");
   const World& w = world();
   for (auto& [name, p] : module_->named_parameters()) {
     if (!p.requires_grad()) continue;
@@ -191,9 +199,13 @@ void DistributedDataParallel::build_buckets() {
   };
   std::vector<Planned> closed;
   std::map<DType, Planned> open;
+  const int64_t shards = options_.zero_stage > 0 ? group_->size() : 1;
   auto close = [&](Planned& b) {
     int64_t numel = b.bucket->offsets.back() + params_[b.bucket->params.back()].numel();
+    numel = (numel + shards - 1) / shards * shards;  // ZeRO: equal shards, the last one padded
+    b.bucket->numel = numel;
     b.bucket->buffer = zeros({numel}, params_[b.bucket->params[0]].options());  // (numel,)
+    if (options_.zero_stage == 2) b.bucket->shard = zeros({numel / shards}, b.bucket->buffer.options());
     closed.push_back(std::move(b));
     b = Planned{};
   };
@@ -242,8 +254,22 @@ void DistributedDataParallel::build_buckets() {
   }
 }
 
+// Stage 2 released the bucket after its reduce-scatter: a new one starts from zero.
+void DistributedDataParallel::allocate(Bucket& b) {
+  if (b.buffer.defined()) return;
+  b.buffer = zeros({b.numel}, params_[b.params[0]].options());  // (numel,)
+  for (size_t k = 0; k < b.params.size(); ++k) {
+    const Tensor& p = params_[b.params[k]];
+    p.set_grad(views::view(views::narrow(b.buffer, 0, b.offsets[k], p.numel()), p.shape()));
+  }
+}
+
 void DistributedDataParallel::attach_gradient_views(bool zero) {
   for (auto& b : buckets_) {
+    if (!b->buffer.defined()) {
+      allocate(*b);
+      continue;
+    }
     bool attached = true;
     for (size_t k = 0; k < b->params.size(); ++k) {
       const Tensor& p = params_[b->params[k]];
@@ -263,6 +289,7 @@ void DistributedDataParallel::attach_gradient_views(bool zero) {
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
   wait_for_gradients();  // a step that never came: the buckets are reused now
+  if (before_forward_) before_forward_();
   if (options_.broadcast_buffers && group_->size() > 1) {
     NoGradGuard no_grad;
     if (!buffers_coalesced()) coalesce_buffers();
@@ -296,6 +323,7 @@ void DistributedDataParallel::on_gradient(int64_t index) {
   // The gradient must live in its bucket slot. If it was dropped after forward (zero_grad between
   // forward and backward), accumulation made a fresh tensor: move it into the slot.
   Bucket& bucket = *buckets_[bucket_of_[index]];
+  allocate(bucket);  // a backward without a forward through this DDP after a stage 2 step
   const Tensor& p = params_[index];
   size_t k = std::find(bucket.params.begin(), bucket.params.end(), index) - bucket.params.begin();
   Tensor slot = views::view(views::narrow(bucket.buffer, 0, bucket.offsets[k], p.numel()), p.shape());
@@ -324,15 +352,26 @@ void DistributedDataParallel::launch(Bucket& b) {
   bool cast = options_.comm_dtype && *options_.comm_dtype != b.buffer.dtype();
   b.comm = cast ? kernels::to_dtype(b.buffer, *options_.comm_dtype) : b.buffer;
   if (timeline_) timeline_->launching();  // after the cast: where the collective's input is ready
-  b.work = group_->all_reduce(b.comm, ReduceOp::avg,
-                              "ddp bucket " + std::to_string(b.index) + " of step " + std::to_string(steps_));
+  b.comm_bytes = static_cast<int64_t>(b.comm.nbytes());
+  const bool scatter = options_.zero_stage == 2;
+  const std::string label = "ddp bucket " + std::to_string(b.index) + " of step " + std::to_string(steps_);
+  if (scatter) {
+    b.work = group_->reduce_scatter(b.shard, b.comm, ReduceOp::avg, label);
+    // This rank keeps only its shard: the Work holds the full bucket until the collective is done,
+    // then it goes back to the allocator. The next forward makes a new one.
+    for (int64_t i : b.params) params_[i].set_grad(Tensor());
+    b.buffer = Tensor();
+    b.comm = Tensor();
+  } else {
+    b.work = group_->all_reduce(b.comm, ReduceOp::avg, label);
+  }
   if (timeline_ && timeline_->recording()) {
-    timeline_->collective("all_reduce bucket " + std::to_string(b.index), b.work,
+    timeline_->collective((scatter ? "reduce_scatter bucket " : "all_reduce bucket ") + std::to_string(b.index), b.work,
                           {{"bucket", static_cast<double>(b.index)},
-                           {"bytes", static_cast<double>(b.comm.nbytes())},
+                           {"bytes", static_cast<double>(b.comm_bytes)},
                            {"gradients", static_cast<double>(b.params.size())},
                            {"launched_after_gradients", static_cast<double>(b.launched_after)}},
-                          {{"dtype", dtype_name(b.comm.dtype())}});
+                          {{"dtype", dtype_name(b.shard.defined() ? b.shard.dtype() : b.comm.dtype())}});
   }
 }
 
@@ -377,7 +416,7 @@ void DistributedDataParallel::finish_backward() {
       continue;
     }
     b->work->wait();  // GPU: the compute stream waits; CPU: the host waits
-    if (!b->comm.is_same(b->buffer)) kernels::copy_(b->buffer, b->comm);
+    if (b->comm.defined() && !b->comm.is_same(b->buffer)) kernels::copy_(b->buffer, b->comm);
   }
   timing_->host_exposed_ms = host_ms_since(start);
   if (gpu) {
@@ -389,7 +428,7 @@ void DistributedDataParallel::finish_backward() {
   stats_.bytes = 0;
   stats_.launched_after_gradients.clear();
   for (auto& b : buckets_) {
-    stats_.bytes += static_cast<int64_t>(b->comm.nbytes());
+    stats_.bytes += b->comm_bytes;
     stats_.launched_after_gradients.push_back(b->launched_after);
   }
   stats_.total_gradients = static_cast<int64_t>(params_.size());
@@ -444,8 +483,7 @@ const DdpStats& DistributedDataParallel::stats() {
     stats_.exposed_ms = timing_->host_exposed_ms;
   }
   stats_.comm_ms = comm > 0 ? comm : stats_.exposed_ms;
-  double hidden = stats_.comm_ms > 0 ? 1.0 - stats_.exposed_ms / stats_.comm_ms : 0.0;
-  stats_.hidden_fraction = std::min(1.0, std::max(0.0, hidden));
+  stats_.hidden_fraction = hidden_fraction(stats_.comm_ms, stats_.exposed_ms);
   return stats_;
 }
 
@@ -453,6 +491,28 @@ std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_plan() const {
   std::vector<std::vector<int64_t>> plan;
   for (auto& b : buckets_) plan.push_back(b->params);
   return plan;
+}
+
+std::vector<int64_t> DistributedDataParallel::bucket_offsets(size_t bucket) const {
+  TANDEM_CHECK_AS(IndexError, bucket < buckets_.size(), "DistributedDataParallel: no bucket ", bucket, " (there are ",
+                  buckets_.size(), ")");
+  return buckets_[bucket]->offsets;
+}
+
+int64_t DistributedDataParallel::bucket_numel(size_t bucket) const {
+  TANDEM_CHECK_AS(IndexError, bucket < buckets_.size(), "DistributedDataParallel: no bucket ", bucket, " (there are ",
+                  buckets_.size(), ")");
+  return buckets_[bucket]->numel;
+}
+
+Tensor DistributedDataParallel::gradient_shard(size_t bucket) const {
+  TANDEM_CHECK_AS(IndexError, bucket < buckets_.size(), "DistributedDataParallel: no bucket ", bucket, " (there are ",
+                  buckets_.size(), ")");
+  const Bucket& b = *buckets_[bucket];
+  if (b.shard.defined()) return b.shard;
+  TANDEM_CHECK_AS(ValueError, options_.zero_stage == 1, "DistributedDataParallel: gradient shards need zero_stage 1 or 2");
+  const int64_t n = b.numel / group_->size();
+  return views::narrow(b.buffer, 0, group_->rank() * n, n);
 }
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world_size, bool shuffle, uint64_t seed,
@@ -463,6 +523,13 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world
                   " is not in a world of ", world_size);
   TANDEM_CHECK_AS(ValueError, dataset_size >= 0, "DistributedSampler: negative dataset size");
   num_samples_ = drop_last ? dataset_size / world_size : (dataset_size + world_size - 1) / world_size;
+}
+
+int64_t DistributedSampler::num_real_samples() const {
+  // This rank takes positions rank, rank + world, ... of the padded order; those below the
+  // dataset size are real.
+  int64_t real = dataset_size_ > rank_ ? (dataset_size_ - rank_ + world_size_ - 1) / world_size_ : 0;
+  return std::min(real, num_samples_);
 }
 
 std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {

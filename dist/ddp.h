@@ -9,6 +9,7 @@
 // its bucket down; a complete bucket's all-reduce is launched right away on the communication
 // stream, in bucket order on every rank. When backward ends, the compute stream waits on the
 // buckets' completion events — the host never blocks. Averaging happens in the collective.
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -48,6 +49,13 @@ struct DdpOptions {
   // every parameter (dist/parameter_check.h); a mismatch names the first parameter that differs,
   // the step, the ranks and the largest difference.
   int64_t check_parameters_every = 0;
+  // ZeRO (dist/zero.h): 0 is plain DDP. 1 and 2 are for a dist::ZeroRedundancyOptimizer made over
+  // this DDP: every bucket is padded to a multiple of the world size, so each rank owns an equal,
+  // contiguous shard of it. Stage 2 reduce-scatters each bucket as it completes (instead of the
+  // all-reduce): a rank keeps only its shard of the averaged gradients, and the full bucket is
+  // released once its collective is done (the parameters' .grad are then undefined until the next
+  // forward). comm_dtype and overlap_optimizer are for stage 0 only.
+  int zero_stage = 0;
 };
 
 // What the last synchronised backward did. On GPUs the times come from CUDA events and are read
@@ -63,6 +71,12 @@ struct DdpStats {
   std::vector<int64_t> launched_after_gradients;
   int64_t total_gradients = 0;
 };
+
+// The share of a collective's time that other work hid: 1 - exposed / comm, clamped to [0, 1].
+inline double hidden_fraction(double comm_ms, double exposed_ms) {
+  const double hidden = comm_ms > 0 ? 1.0 - exposed_ms / comm_ms : 0.0;
+  return hidden < 0 ? 0.0 : (hidden > 1 ? 1.0 : hidden);
+}
 
 class DistributedDataParallel {
  public:
@@ -107,6 +121,20 @@ class DistributedDataParallel {
   // The bucket plan: parameter indices (registration order) per bucket, in launch order.
   std::vector<std::vector<int64_t>> bucket_plan() const;
 
+  // ---- what a ZeroRedundancyOptimizer over this DDP uses ----
+  const DdpOptions& options() const { return options_; }
+  const std::vector<Tensor>& parameters() const { return params_; }  // those that require grad, in order
+  // Where bucket b (launch order) keeps each of its parameters: element offsets in the flat,
+  // padded bucket of `bucket_numel(b)` elements.
+  std::vector<int64_t> bucket_offsets(size_t bucket) const;
+  int64_t bucket_numel(size_t bucket) const;
+  // This rank's shard of bucket b's averaged gradient (numel / world size elements): a view of
+  // the bucket (stage 1) or the buffer the reduce-scatter writes (stage 2). Valid for the life of
+  // this DDP; its content is this step's once backward has finished.
+  Tensor gradient_shard(size_t bucket) const;
+  // Called at the start of every forward (ZeRO waits there for the parameters' all-gathers).
+  void set_before_forward(std::function<void()> callback) { before_forward_ = std::move(callback); }
+
  private:
   struct Bucket;
   void check_same_model_everywhere();
@@ -119,6 +147,7 @@ class DistributedDataParallel {
   void launch(Bucket& bucket);
   void finish_backward();
   void broadcast_from_rank0(const std::vector<Tensor>& tensors, const std::string& label);
+  void allocate(Bucket& bucket);
 
   std::shared_ptr<nn::Module> module_;
   DdpOptions options_;
@@ -146,6 +175,7 @@ class DistributedDataParallel {
   struct Timing;
   std::unique_ptr<Timing> timing_;
   Timeline* timeline_ = nullptr;
+  std::function<void()> before_forward_;
   // The hooks on the parameters reach this object through here; the destructor clears it, so a
   // module that outlives its DDP wrapper never calls into freed memory.
   std::shared_ptr<DistributedDataParallel*> self_;
@@ -160,6 +190,9 @@ class DistributedSampler {
                      bool drop_last = false);
   std::vector<int64_t> indices(int64_t epoch) const;
   int64_t num_samples() const { return num_samples_; }
+  // How many of this rank's num_samples() are real samples rather than padding (repeats added so
+  // every rank has as many); they come first in indices(). Evaluation counts only these.
+  int64_t num_real_samples() const;
 
  private:
   int64_t dataset_size_;

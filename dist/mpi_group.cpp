@@ -383,10 +383,10 @@ class MpiGroup final : public TrackedGroup {
     const DType dtype = input.dtype();
     auto fingerprint = Fingerprint::make(name, count, dtype, op, -1, label);
     std::lock_guard<std::mutex> lock(mpi_mutex());
-    return core_->post(w, fingerprint, {{"MPI_Ireduce_scatter_block", [this, send, recv, count, type, op, dtype](MPI_Request* r) {
-                              return MPI_Ireduce_scatter_block(send, recv, count, type, mpi_op(op, dtype),
-                                                               core_->comm, r);
-                            }}});
+    auto start = [this, send, recv, count, type, op, dtype](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(send, recv, count, type, mpi_op(op, dtype), core_->comm, r);
+    };
+    return core_->post(w, fingerprint, {{"MPI_Ireduce_scatter_block", start}});
   }
 
   void barrier() override {

@@ -201,7 +201,8 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
     pending.push_back(w);  // fail() marks it and aborts
     fail(status == ncclInProgress
              ? ::tandem::detail::concat(describe(*w), location, " timed out after ",
-                                        format_seconds(seconds_since(w->started)), " (timeout ", format_seconds(timeout),
+                                        format_seconds(seconds_since(w->started)), " (timeout ",
+                                        format_seconds(timeout),
                                         ") while NCCL was still launching it (connecting to its peers): another "
                                         "rank probably died, hangs, or issued a different collective")
              : ::tandem::detail::concat(describe(*w), ": NCCL error ", nccl_text(status, comm)),

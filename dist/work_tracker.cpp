@@ -164,7 +164,9 @@ void WorkTracker::check_usable(const char* op, size_t bytes) const {
   if (shut_down || stop) {
     TANDEM_THROW(BackendError, describe(op, bytes), ": the group was shut down (dist::finalize ran)");
   }
-  if (!failure.empty()) TANDEM_THROW(BackendError, describe(op, bytes), " refused: the group failed earlier: ", failure);
+  if (!failure.empty()) {
+    TANDEM_THROW(BackendError, describe(op, bytes), " refused: the group failed earlier: ", failure);
+  }
 }
 
 void WorkTracker::raise(const TrackedWork& w) const { TANDEM_THROW(BackendError, w.error); }

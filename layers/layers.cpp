@@ -67,6 +67,9 @@ LayerNorm::LayerNorm(Shape shape, double eps, TensorOptions options) : normalize
   bias = register_parameter("bias", zeros(normalized_shape, options));
 }
 
+LayerNorm::LayerNorm(int64_t normalized_size, double eps, TensorOptions options)
+    : LayerNorm(Shape{normalized_size}, eps, options) {}
+
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, normalized_shape, weight, bias, eps); }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, TensorOptions options) {

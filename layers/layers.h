@@ -59,6 +59,8 @@ class BatchNorm2d : public Module {
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, TensorOptions options = {});
+  // Over the last dim, of size normalized_size: nn::LayerNorm(64) as in PyTorch.
+  explicit LayerNorm(int64_t normalized_size, double eps = 1e-5, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
   Tensor weight, bias;  // normalized_shape each
   Shape normalized_shape;
@@ -148,6 +150,24 @@ class GELU : public Module {
 
  protected:
   std::string type_name() const override { return "GELU"; }
+};
+
+class SiLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return silu(x); }
+
+ protected:
+  std::string type_name() const override { return "SiLU"; }
+};
+
+class Softplus : public Module {
+ public:
+  explicit Softplus(double beta = 1.0, double threshold = 20.0) : beta(beta), threshold(threshold) {}
+  Tensor forward(const Tensor& x) override { return softplus(x, beta, threshold); }
+  double beta, threshold;
+
+ protected:
+  std::string type_name() const override { return "Softplus"; }
 };
 
 class Tanh : public Module {

@@ -7,21 +7,14 @@
 // tensor on its device (exact up to 2^24 steps).
 #include <vector>
 
+#include "tandem/core/optim.h"
 #include "tandem/optim/optimizer.h"
 
 namespace tandem::optim {
 
-// Hyper-parameters, in torch.optim.AdamW's order and with its defaults.
-struct AdamWOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
-  // Optimizer-wide (the constructor's value counts): f16/bf16 parameters are updated through f32
-  // master weights.
-  bool master_weights = true;
-};
+// Hyper-parameters, in torch.optim.AdamW's order and with its defaults (declared once, with the
+// fused kernel's, in core/optim.h).
+using AdamWOptions = AdamWHyper;
 
 struct AdamWGroup : ParamGroup {
   double beta1 = 0.9;

@@ -9,7 +9,6 @@
 
 namespace tandem::optim {
 
-namespace {
 std::string group_key(size_t group, const std::string& name) {
   return "param_groups." + std::to_string(group) + "." + name;
 }
@@ -17,6 +16,8 @@ std::string group_key(size_t group, const std::string& name) {
 std::string state_key(size_t param, const std::string& name) {
   return "state." + std::to_string(param) + "." + name;
 }
+
+namespace {
 
 // Splits "state.<index>.<name>"; false when the key has another form.
 bool parse_state_key(const std::string& key, size_t& index, std::string& name) {
@@ -168,6 +169,17 @@ void Optimizer::set_any_hyper_parameter(ParamGroup& group, const std::string& ke
   else if (key == "weight_decay") group.weight_decay = value;
   else if (key == "initial_lr") group.initial_lr = value;
   else set_hyper_parameter(group, key, value);
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& states : state_) {
+    for (const ParamState& s : states) {
+      for (const auto& entry : s.buffers) bytes += static_cast<int64_t>(entry.second.nbytes());
+      if (s.step_count.defined()) bytes += static_cast<int64_t>(s.step_count.nbytes());
+    }
+  }
+  return bytes;
 }
 
 StateDict Optimizer::state_dict() const {

@@ -26,6 +26,10 @@
 
 #include "tandem/core/tensor.h"
 
+namespace tandem::dist {
+class ZeroRedundancyOptimizer;
+}
+
 namespace tandem::optim {
 
 // Parameters that share hyper-parameters. The optimizer-specific ones live in the optimizer's
@@ -52,6 +56,9 @@ struct StateDict {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, double> metadata;
 };
+// The keys above: "param_groups.<group>.<name>" and "state.<param>.<name>".
+std::string group_key(size_t group, const std::string& name);
+std::string state_key(size_t param, const std::string& name);
 
 // GradScaler's part in a step: 0-dim f32 tensors on the parameters' device. The step changes
 // nothing when *found_inf != 0; otherwise gradients are multiplied by *inv_scale as they are read
@@ -80,22 +87,31 @@ class Optimizer {
   bool master_weights() const { return master_weights_; }
   // set_to_none drops the gradients (the next backward creates new ones); otherwise they are
   // zeroed in place, which keeps gradient buffers that are views (DDP's buckets) valid.
-  void zero_grad(bool set_to_none = true);
+  virtual void zero_grad(bool set_to_none = true);
 
   size_t num_param_groups() const { return groups_.size(); }
   ParamGroup& param_group(size_t index);
   const ParamGroup& param_group(size_t index) const;
   std::vector<Tensor> params() const;  // every group's, in order
 
+  // Bytes of this optimizer's state on this process: moments, momentum buffers, master weights
+  // and step counts.
+  int64_t state_bytes() const;
+
   // The tensors are the optimizer's own state buffers, not copies: clone or save them before the
   // next step if they must not change.
-  StateDict state_dict() const;
+  virtual StateDict state_dict() const;
   // Restores hyper-parameters and state saved by state_dict() of the same kind of optimizer over
   // parameters of the same groups, shapes and dtypes. Checks everything before changing anything;
   // the tensors are copied onto each parameter's device.
-  void load_state_dict(const StateDict& state);
+  virtual void load_state_dict(const StateDict& state);
 
  protected:
+  // What step(), step(scaling) and step_some() run: updates the parameters with gradients (those
+  // `include` accepts, when given). A wrapper that shards the update (dist::ZeroRedundancyOptimizer)
+  // replaces it and calls this one for its own shard.
+  virtual void step_impl(const StepScaling* scaling, const std::function<bool(const Tensor&)>* include = nullptr);
+
   explicit Optimizer(bool master_weights) : master_weights_(master_weights) {}
 
   // One parameter's state: named buffers of its shape (contiguous, in optimizer_state_dtype(),
@@ -131,9 +147,11 @@ class Optimizer {
   virtual void set_hyper_parameter(ParamGroup& group, const std::string& name, double value) const = 0;
 
  private:
+  // ZeRO takes over an optimizer's groups and calls its update() on this rank's shard.
+  friend class dist::ZeroRedundancyOptimizer;
+
   std::vector<std::pair<std::string, double>> all_hyper_parameters(const ParamGroup& group) const;
   void set_any_hyper_parameter(ParamGroup& group, const std::string& name, double value) const;
-  void step_impl(const StepScaling* scaling, const std::function<bool(const Tensor&)>* include = nullptr);
   bool has_master(const Tensor& param) const;
   std::vector<std::string> state_names_of(const Tensor& param) const;  // state_names() + "master"
 

@@ -5,21 +5,14 @@
 // : buf; p -= lr * g.
 #include <vector>
 
+#include "tandem/core/optim.h"
 #include "tandem/optim/optimizer.h"
 
 namespace tandem::optim {
 
-// Hyper-parameters, in torch.optim.SGD's order and with its defaults.
-struct SgdOptions {
-  double lr = 1e-3;
-  double momentum = 0.0;
-  double dampening = 0.0;
-  double weight_decay = 0.0;
-  bool nesterov = false;  // needs momentum > 0 and dampening 0
-  // Optimizer-wide (the constructor's value counts): f16/bf16 parameters are updated through f32
-  // master weights.
-  bool master_weights = true;
-};
+// Hyper-parameters, in torch.optim.SGD's order and with its defaults (declared once, with the
+// fused kernel's, in core/optim.h; first_step is the optimizer's to set, not an option).
+using SgdOptions = SgdHyper;
 
 struct SgdGroup : ParamGroup {
   double momentum = 0.0;

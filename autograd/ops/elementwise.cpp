@@ -25,6 +25,15 @@ Tensor scalar_like(const Tensor& x, double value) {
   return scalar_tensor(value, x.options());
 }
 Tensor zeros_scalar(const Tensor& x) { return scalar_like(x, 0.0); }
+
+// An op of the unary table (core/elementwise_ops.h) whose gradient is the table's backward
+// formula, computed in one kernel from the saved input.
+Tensor table_unary(UnaryOp op, const Tensor& x, double alpha = 0.0, double beta = 0.0) {
+  Tensor out = kernels::unary(op, x, alpha, beta);
+  return record(out, unary_op_name(op), {x}, [op, sx = saved(x), alpha, beta](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::unary_backward(op, g, sx, alpha, beta)};
+  });
+}
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
@@ -170,7 +179,7 @@ Tensor relu(const Tensor& x) {
   // The backward keeps the output, not the input (out > 0 exactly where x > 0): the next layer
   // keeps the output anyway, so x can be freed (a ReLU after batch norm frees the norm's output).
   return record(out, "relu", {x}, [sy = saved(out)](const Tensor& g) -> std::vector<Tensor> {
-    return {kernels::binary(BinaryOp::relu_backward, g, sy)};
+    return {kernels::unary_backward(UnaryOp::relu, g, sy)};
   });
 }
 
@@ -178,20 +187,32 @@ Tensor gelu(const Tensor& x, GeluApproximate approximate) {
   bool tanh_form = approximate == GeluApproximate::tanh;
   Tensor out = kernels::unary(tanh_form ? UnaryOp::gelu_tanh : UnaryOp::gelu_erf, x);
   return record(out, "gelu", {x}, [sx = saved(x), tanh_form](const Tensor& g) -> std::vector<Tensor> {
-    return {kernels::binary(tanh_form ? BinaryOp::gelu_tanh_backward : BinaryOp::gelu_erf_backward, g, sx)};
+    return {kernels::unary_backward(tanh_form ? UnaryOp::gelu_tanh : UnaryOp::gelu_erf, g, sx)};
   });
 }
 
 Tensor clamp(const Tensor& x, double min, double max) {
   TANDEM_CHECK_AS(ValueError, min <= max, "clamp: min ", min, " must not exceed max ", max);
-  Tensor out = kernels::unary(UnaryOp::clamp, x, min, max);
-  return record(out, "clamp", {x}, [sx = saved(x), min, max](const Tensor& g) -> std::vector<Tensor> {
-    // The gradient passes where x lies inside [min, max], boundaries included. x < min and
-    // x > max are never both true, so != of the two is their "or".
-    Tensor outside = kernels::binary(BinaryOp::ne, kernels::binary(BinaryOp::lt, sx, scalar_like(sx, min)),
-                                     kernels::binary(BinaryOp::gt, sx, scalar_like(sx, max)));
-    return {kernels::where(outside, zeros_scalar(g), g)};
-  });
+  // The gradient passes where x lies inside [min, max], boundaries included.
+  return table_unary(UnaryOp::clamp, x, min, max);
+}
+
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max) {
+  TANDEM_CHECK_AS(ValueError, min || max, "clamp: at least one of min and max must be given");
+  if (min && max) return clamp(x, *min, *max);
+  return min ? clamp_min(x, *min) : clamp_max(x, *max);
+}
+
+Tensor clamp_min(const Tensor& x, double min) { return table_unary(UnaryOp::clamp_min, x, min); }
+Tensor clamp_max(const Tensor& x, double max) { return table_unary(UnaryOp::clamp_max, x, max); }
+
+Tensor sin(const Tensor& x) { return table_unary(UnaryOp::sin, x); }
+Tensor cos(const Tensor& x) { return table_unary(UnaryOp::cos, x); }
+Tensor silu(const Tensor& x) { return table_unary(UnaryOp::silu, x); }
+
+Tensor softplus(const Tensor& x, double beta, double threshold) {
+  TANDEM_CHECK_AS(ValueError, beta != 0.0, "softplus: beta must be non-zero, got ", beta);
+  return table_unary(UnaryOp::softplus, x, beta, threshold);
 }
 
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
@@ -235,5 +256,25 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
                   " must broadcast to the tensor's ", shape_str(x.shape()), " without growing it");
   return out;
 }
+
+namespace {
+// (n, m) bool: true at (i, j) where j - i <= diagonal (lower) or >= diagonal (upper), for the last
+// two dims (n, m) of x, on x's device.
+Tensor triangle_mask(const Tensor& x, int64_t diagonal, bool lower) {
+  const char* op = lower ? "tril" : "triu";
+  TANDEM_CHECK_AS(ValueError, x.dim() >= 2, op, ": expected a tensor of at least 2 dims, got shape ",
+                  shape_str(x.shape()));
+  const int64_t n = x.size(-2), m = x.size(-1);
+  TensorOptions index(DType::i64, x.device());
+  Tensor rows = arange(0.0, static_cast<double>(n), 1.0, index).as_strided({n, 1}, {1, 0}, 0);  // (n, 1)
+  Tensor cols = arange(0.0, static_cast<double>(m), 1.0, index).as_strided({1, m}, {0, 1}, 0);  // (1, m)
+  Tensor offset = kernels::binary(BinaryOp::sub, cols, rows);                                    // (n, m)
+  return kernels::binary(lower ? BinaryOp::le : BinaryOp::ge, offset,
+                         scalar_tensor(static_cast<double>(diagonal), index));
+}
+}  // namespace
+
+Tensor tril(const Tensor& x, int64_t diagonal) { return where(triangle_mask(x, diagonal, true), x, 0.0); }
+Tensor triu(const Tensor& x, int64_t diagonal) { return where(triangle_mask(x, diagonal, false), x, 0.0); }
 
 }  // namespace tandem

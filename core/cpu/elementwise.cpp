@@ -8,48 +8,42 @@
 #include "tandem/core/cpu/loops.h"
 #include "tandem/core/dispatch.h"
 #include "tandem/core/philox.h"
-#include "tandem/core/scalar_math.h"
+#include "tandem/core/elementwise_ops.h"
 
 namespace tandem::cpu {
 
 namespace {
+// Every element through the table's formula for op (core/elementwise_ops.h), on the compute type.
 template <typename T>
 void unary_typed(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double beta) {
   using C = compute_t<T>;
-  auto run = [&](auto fn) { map1<T, T>(x, out, [fn](T v) { return T(fn(static_cast<C>(v))); }); };
-  if constexpr (std::is_floating_point_v<C>) {
-    switch (op) {
-      case UnaryOp::exp: return run([](C v) { return std::exp(v); });
-      case UnaryOp::log: return run([](C v) { return std::log(v); });
-      case UnaryOp::sqrt: return run([](C v) { return std::sqrt(v); });
-      case UnaryOp::rsqrt: return run([](C v) { return C(1) / std::sqrt(v); });
-      case UnaryOp::tanh: return run([](C v) { return std::tanh(v); });
-      case UnaryOp::sigmoid: return run([](C v) { return math::sigmoid(v); });
-      case UnaryOp::gelu_tanh: return run([](C v) { return math::gelu_tanh(v); });
-      case UnaryOp::gelu_erf: return run([](C v) { return math::gelu_erf(v); });
-      case UnaryOp::pow_scalar: {
-        C e = static_cast<C>(alpha);
-        if (alpha == 2.0) return run([](C v) { return v * v; });
-        return run([e](C v) { return std::pow(v, e); });
-      }
-      default: break;
+  bool ran = elementwise::visit_unary<C>(op, static_cast<C>(alpha), static_cast<C>(beta), [&](auto fn) {
+    map1<T, T>(x, out, [fn](T v) { return T(fn(static_cast<C>(v))); });
+  });
+  TANDEM_CHECK(ran, "unary: unhandled op ", unary_op_name(op), " for ", DTypeOf<T>::value);
+}
+
+template <typename T>
+void unary_backward_typed(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& out, double alpha,
+                          double beta) {
+  using C = compute_t<T>;
+  bool ran = elementwise::visit_unary_backward<C>(op, static_cast<C>(alpha), static_cast<C>(beta), [&](auto fn) {
+    map2<T, T, T>(grad, x, out, [fn](T g, T v) { return T(fn(static_cast<C>(g), static_cast<C>(v))); });
+  });
+  TANDEM_CHECK(ran, "unary_backward: unhandled op ", unary_op_name(op));
+}
+
+template <typename T>
+void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  using C = compute_t<T>;
+  bool ran = elementwise::visit_binary<C>(op, [&](auto fn) {
+    if constexpr (std::is_same_v<decltype(fn(C{}, C{})), bool>) {
+      map2<T, T, bool>(a, b, out, [fn](T x, T y) { return fn(static_cast<C>(x), static_cast<C>(y)); });
+    } else {
+      map2<T, T, T>(a, b, out, [fn](T x, T y) { return T(fn(static_cast<C>(x), static_cast<C>(y))); });
     }
-  }
-  switch (op) {
-    case UnaryOp::neg: return run([](C v) { return C(-v); });
-    case UnaryOp::abs: return run([](C v) { return v < C(0) ? C(-v) : v; });
-    case UnaryOp::relu: return run([](C v) { return v > C(0) ? v : C(0); });
-    case UnaryOp::sign: return run([](C v) { return C((C(0) < v) - (v < C(0))); });
-    case UnaryOp::scale: {
-      C s = static_cast<C>(alpha);
-      return run([s](C v) { return C(v * s); });
-    }
-    case UnaryOp::clamp: {
-      C lo = static_cast<C>(alpha), hi = static_cast<C>(beta);
-      return run([lo, hi](C v) { return v < lo ? lo : (v > hi ? hi : v); });
-    }
-    default: TANDEM_THROW(Error, "unary: unhandled op ", unary_op_name(op));
-  }
+  });
+  TANDEM_CHECK(ran, "binary: unhandled op ", binary_op_name(op), " for ", DTypeOf<T>::value);
 }
 }  // namespace
 
@@ -69,60 +63,20 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double 
   }
 }
 
-namespace {
-template <typename T>
-void comparison_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
-  using C = compute_t<T>;
-  auto run = [&](auto fn) {
-    map2<T, T, bool>(a, b, out, [fn](T x, T y) { return fn(static_cast<C>(x), static_cast<C>(y)); });
-  };
-  switch (op) {
-    case BinaryOp::eq: return run([](C x, C y) { return x == y; });
-    case BinaryOp::ne: return run([](C x, C y) { return x != y; });
-    case BinaryOp::lt: return run([](C x, C y) { return x < y; });
-    case BinaryOp::le: return run([](C x, C y) { return x <= y; });
-    case BinaryOp::gt: return run([](C x, C y) { return x > y; });
-    case BinaryOp::ge: return run([](C x, C y) { return x >= y; });
-    default: TANDEM_THROW(Error, "comparison: unhandled op ", binary_op_name(op));
-  }
+void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& out, double alpha, double beta) {
+  dispatch_floating(x.dtype(), unary_op_name(op), "cpu",
+                    [&](auto tag) { unary_backward_typed<decltype(tag)>(op, grad, x, out, alpha, beta); });
 }
-
-template <typename T>
-void arithmetic_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
-  using C = compute_t<T>;
-  auto run = [&](auto fn) {
-    map2<T, T, T>(a, b, out, [fn](T x, T y) { return T(fn(static_cast<C>(x), static_cast<C>(y))); });
-  };
-  if constexpr (std::is_floating_point_v<C>) {
-    switch (op) {
-      case BinaryOp::div: return run([](C x, C y) { return x / y; });
-      case BinaryOp::pow: return run([](C x, C y) { return std::pow(x, y); });
-      case BinaryOp::relu_backward: return run([](C g, C x) { return x > C(0) ? g : C(0); });
-      case BinaryOp::gelu_tanh_backward: return run([](C g, C x) { return g * math::gelu_tanh_grad(x); });
-      case BinaryOp::gelu_erf_backward: return run([](C g, C x) { return g * math::gelu_erf_grad(x); });
-      default: break;
-    }
-  }
-  switch (op) {
-    case BinaryOp::add: return run([](C x, C y) { return C(x + y); });
-    case BinaryOp::sub: return run([](C x, C y) { return C(x - y); });
-    case BinaryOp::mul: return run([](C x, C y) { return C(x * y); });
-    case BinaryOp::maximum: return run([](C x, C y) { return math::nan_max(x, y); });
-    case BinaryOp::minimum: return run([](C x, C y) { return math::nan_min(x, y); });
-    default: TANDEM_THROW(Error, "binary: unhandled op ", binary_op_name(op));
-  }
-}
-
-}  // namespace
 
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const char* name = binary_op_name(op);
+  auto typed = [&](auto tag) { binary_typed<decltype(tag)>(op, a, b, out); };
   if (is_comparison(op)) {
-    dispatch_all(a.dtype(), name, "cpu", [&](auto tag) { comparison_typed<decltype(tag)>(op, a, b, out); });
+    dispatch_all(a.dtype(), name, "cpu", typed);
   } else if (is_floating_only(op)) {
-    dispatch_floating(a.dtype(), name, "cpu", [&](auto tag) { arithmetic_typed<decltype(tag)>(op, a, b, out); });
+    dispatch_floating(a.dtype(), name, "cpu", typed);
   } else {
-    dispatch_numeric(a.dtype(), name, "cpu", [&](auto tag) { arithmetic_typed<decltype(tag)>(op, a, b, out); });
+    dispatch_numeric(a.dtype(), name, "cpu", typed);
   }
 }
 

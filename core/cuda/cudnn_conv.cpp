@@ -1,14 +1,13 @@
 // 2-D convolution through cuDNN, on NCHW tensors: forward, backward data and backward filter.
-// By default every shape and direction goes through cuDNN's graph (backend) API, as PyTorch
-// runs its convolutions: an operation graph, engine configs from cuDNN's heuristics, the first
-// that builds and runs kept as an execution plan per shape (or, in benchmark mode, the fastest
-// of them, like torch.backends.cudnn.benchmark). TANDEM_CUDNN_ALGO_SELECT (see "How convolution
-// algorithms are chosen" below) switches to the v7-style algorithm lists for comparison; on the
-// ResNet-18 shapes in bf16 they cost several times more host time per call, which showed as
-// 0.6-0.9x PyTorch's speed where the graph API matches it. Workspaces come from the caching
-// allocator. 16-bit inputs compute in f32 with tensor cores; f32 convolutions use TF32 only under
-// MatmulPrecision::high.
-#include "tandem/core/cuda/cudnn_common.h"
+// Every shape and direction goes through cuDNN's graph (backend) API, as PyTorch runs its
+// convolutions: an operation graph, engine configs from cuDNN's heuristics, the first that
+// builds and runs kept as an execution plan per shape (or, in benchmark mode, the fastest of
+// them, like torch.backends.cudnn.benchmark). A shape the graph API cannot run falls back to
+// cuDNN's v7 algorithm lists. (The v7 lists as the main path cost several times the host time per
+// call on ResNet-18's shapes, 0.6-0.9x PyTorch's speed where the graph API matches it.)
+// Workspaces come from the caching allocator. 16-bit inputs compute in f32 with tensor cores; f32
+// convolutions use TF32 only under MatmulPrecision::high.
+#include "tandem/core/cuda/cudnn_conv_v7.h"
 
 namespace tandem::cuda {
 
@@ -17,48 +16,14 @@ using namespace cudnn;
 
 bool benchmark_mode = false;
 
-// The three convolution directions differ only in which cuDNN functions they call.
-enum class Direction { forward, backward_data, backward_filter };
-const char* direction_name(Direction dir) {
-  static const char* names[] = {"fwd", "bwd_data", "bwd_filter"};
-  return names[static_cast<int>(dir)];
-}
-
 // ---------------------------------------------------------------------------------------------
-// How convolution algorithms are chosen, from the environment (read once per process):
-//
-// TANDEM_CUDNN_ALGO_SELECT
-//   legacy            cuDNN's v7 heuristics (cudnnGet*Algorithm_v7), or cudnnFind* in benchmark
-//                     mode; the first successful result, run with the descriptor's own math type
-//                     (tensor ops for f16/bf16).
-//   v7                the same lists used as PyTorch's Conv_v7.cpp uses them: each result runs with
-//                     the math type cuDNN returned for it (its Note [behavior of cudnnFind and
-//                     cudnnGet]: running a result's algorithm with another math type can give a
-//                     slower kernel), and a result whose workspace cannot be allocated gives way to
-//                     the next.
-//   graph (default)   cuDNN's graph (backend) API, as PyTorch's Conv_v8.cpp runs every bf16
-//                     convolution: an operation graph per shape and direction, engine configs from
-//                     heuristics (mode INSTANT) followed by the FALLBACK list, minus configs that
-//                     down-convert inputs (and, for f32 without TF32, tensor-core ones); the first
-//                     that builds and runs is kept as an execution plan. In benchmark mode the
-//                     configs are timed in that order and the fastest kept (PyTorch's
-//                     cudnn.benchmark; see TANDEM_CUDNN_BENCHMARK_LIMIT). Any shape
-//                     the graph API cannot run falls back to "v7".
-// TANDEM_CUDNN_TIME_TOPK=k (v7, graph; default 0): outside benchmark mode, time the first k
-//   candidates once per shape on the real tensors and keep the fastest instead of the first.
-// TANDEM_CUDNN_BENCHMARK_LIMIT=n (graph, benchmark mode; default 10, 0: all): time at most n
-//   plans, like torch.backends.cudnn.benchmark_limit (default 10).
-// TANDEM_CUDNN_HEUR_MODE=instant|b|a (graph; default instant, PyTorch's default; PyTorch switches
-//   to b with TORCH_CUDNN_USE_HEURISTIC_MODE_B=1).
-// TANDEM_CUDNN_LOG=1: one line on stderr for every choice (shape, direction, algorithm or engine,
+// Settings from the environment (read once per process):
+// TANDEM_CUDNN_BENCHMARK_LIMIT=n (benchmark mode; default 10, 0: all): time at most n plans, like
+//   torch.backends.cudnn.benchmark_limit (default 10).
+// TANDEM_CUDNN_LOG=1: one line on stderr for every choice (shape, direction, engine or algorithm,
 //   workspace, timings), to compare with PyTorch's.
-enum class AlgoSelect { legacy, v7, graph };
-
 struct SelectOptions {
-  AlgoSelect select = AlgoSelect::graph;
-  int time_topk = 0;
   int benchmark_limit = 10;
-  cudnnBackendHeurMode_t heur_mode = CUDNN_HEUR_MODE_INSTANT;
   bool log = false;
 };
 
@@ -72,19 +37,6 @@ std::string env_value(const char* name) {
 const SelectOptions& select_options() {
   static const SelectOptions options = [] {
     SelectOptions o;
-    const std::string select = env_value("TANDEM_CUDNN_ALGO_SELECT");
-    if (select.empty() || select == "graph") o.select = AlgoSelect::graph;
-    else if (select == "legacy") o.select = AlgoSelect::legacy;
-    else if (select == "v7") o.select = AlgoSelect::v7;
-    else TANDEM_THROW(ValueError, "TANDEM_CUDNN_ALGO_SELECT=", select, ": expected legacy, v7 or graph");
-    const std::string topk = env_value("TANDEM_CUDNN_TIME_TOPK");
-    if (!topk.empty()) {
-      char* end = nullptr;
-      long k = std::strtol(topk.c_str(), &end, 10);
-      TANDEM_CHECK_AS(ValueError, end != topk.c_str() && *end == '\0' && k >= 0 && k <= 1000,
-                      "TANDEM_CUDNN_TIME_TOPK=", topk, ": expected a count >= 0");
-      o.time_topk = static_cast<int>(k);
-    }
     const std::string limit = env_value("TANDEM_CUDNN_BENCHMARK_LIMIT");
     if (!limit.empty()) {
       char* end = nullptr;
@@ -93,11 +45,6 @@ const SelectOptions& select_options() {
                       "TANDEM_CUDNN_BENCHMARK_LIMIT=", limit, ": expected a count >= 0");
       o.benchmark_limit = static_cast<int>(n);
     }
-    const std::string mode = env_value("TANDEM_CUDNN_HEUR_MODE");
-    if (mode.empty() || mode == "instant") o.heur_mode = CUDNN_HEUR_MODE_INSTANT;
-    else if (mode == "b") o.heur_mode = CUDNN_HEUR_MODE_B;
-    else if (mode == "a") o.heur_mode = CUDNN_HEUR_MODE_A;
-    else TANDEM_THROW(ValueError, "TANDEM_CUDNN_HEUR_MODE=", mode, ": expected instant, b or a");
     o.log = env_value("TANDEM_CUDNN_LOG") == "1";
     if (o.log) {
       std::fprintf(stderr, "[tandem cudnn] cuDNN %zu at run time, %d at build time\n", cudnnGetVersion(),
@@ -108,23 +55,6 @@ const SelectOptions& select_options() {
   return options;
 }
 
-const char* select_name(AlgoSelect s) {
-  switch (s) {
-    case AlgoSelect::legacy: return "legacy";
-    case AlgoSelect::v7: return "v7";
-    case AlgoSelect::graph: return "graph";
-  }
-  return "?";
-}
-
-// The tensors of one call: x input (N, C, H, W), w filter, y output (N, K, P, Q); which of them
-// is written depends on the direction.
-struct ConvTensors {
-  const Tensor& x;
-  const Tensor& w;
-  const Tensor& y;
-};
-
 std::string describe(Direction dir, const ConvTensors& t, const Conv2dParams& p) {
   return detail::concat("conv2d ", direction_name(dir), " ", dtype_name(t.x.dtype()), " x", shape_str(t.x.shape()),
                         " w", shape_str(t.w.shape()), " stride ", p.stride_h, " pad ", p.pad_h,
@@ -132,15 +62,11 @@ std::string describe(Direction dir, const ConvTensors& t, const Conv2dParams& p)
 }
 
 void log_choice(const std::string& what, const std::string& how) {
-  const SelectOptions& opt = select_options();
-  if (opt.log) {
-    std::fprintf(stderr, "[tandem cudnn select=%s topk=%d] %s: %s\n", select_name(opt.select), opt.time_topk,
-                 what.c_str(), how.c_str());
-  }
+  if (select_options().log) std::fprintf(stderr, "[tandem cudnn] %s: %s\n", what.c_str(), how.c_str());
 }
 
 // Device time of one run of `run`, in ms: one warm-up run, then the mean of `reps` runs between
-// two events on the current stream. Used once per shape, when choosing.
+// two events on the current stream. Used once per shape, when choosing in benchmark mode.
 double time_runs(int device, const std::function<void()>& run, int reps = 3) {
   cudaStream_t stream = current_stream(device);
   run();
@@ -163,92 +89,6 @@ double time_runs(int device, const std::function<void()>& run, int reps = 3) {
   cudaEventDestroy(stop);
   TANDEM_CUDA_CHECK(status);
   return static_cast<double>(ms) / reps;
-}
-
-// ---- the legacy (v7-style) API --------------------------------------------------------------
-
-// One of cuDNN's algorithm results.
-struct LegacyAlgo {
-  int algo = -1;
-  size_t workspace = 0;
-  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
-};
-
-template <typename Perf>
-std::vector<LegacyAlgo> successful(const Perf* results, int count, const char* what) {
-  std::vector<LegacyAlgo> out;
-  for (int i = 0; i < count; ++i) {
-    if (results[i].status == CUDNN_STATUS_SUCCESS) {
-      out.push_back({static_cast<int>(results[i].algo), results[i].memory, results[i].mathType});
-    }
-  }
-  if (out.empty()) TANDEM_THROW(BackendError, "cuDNN has no usable algorithm for ", what);
-  return out;
-}
-
-// Descriptors of one shape, shared by the three directions.
-struct ShapeDescs {
-  std::unique_ptr<TensorDesc> x, y;
-  std::unique_ptr<FilterDesc> w;
-};
-
-// cuDNN's results in its order (heuristics: expected speed; benchmark mode: measured time),
-// successful ones only.
-std::vector<LegacyAlgo> legacy_candidates(Direction dir, cudnnHandle_t h, const ShapeDescs& d, const ConvDesc& cd) {
-  constexpr int kMax = 16;
-  int count = 0;
-  switch (dir) {
-    case Direction::forward: {
-      cudnnConvolutionFwdAlgoPerf_t r[kMax];
-      if (benchmark_mode) TANDEM_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, d.x->get(), d.w->get(), cd.get(), d.y->get(), kMax, &count, r));
-      else TANDEM_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x->get(), d.w->get(), cd.get(), d.y->get(), kMax, &count, r));
-      return successful(r, count, "conv2d forward");
-    }
-    case Direction::backward_data: {
-      cudnnConvolutionBwdDataAlgoPerf_t r[kMax];
-      if (benchmark_mode) TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, d.w->get(), d.y->get(), cd.get(), d.x->get(), kMax, &count, r));
-      else TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w->get(), d.y->get(), cd.get(), d.x->get(), kMax, &count, r));
-      return successful(r, count, "conv2d backward data");
-    }
-    case Direction::backward_filter: {
-      cudnnConvolutionBwdFilterAlgoPerf_t r[kMax];
-      if (benchmark_mode) TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, d.x->get(), d.y->get(), cd.get(), d.w->get(), kMax, &count, r));
-      else TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x->get(), d.y->get(), cd.get(), d.w->get(), kMax, &count, r));
-      return successful(r, count, "conv2d backward filter");
-    }
-  }
-  return {};
-}
-
-void run_legacy(Direction dir, cudnnHandle_t h, const ShapeDescs& d, const ConvDesc& cd, const LegacyAlgo& a,
-                const ConvTensors& t, void* workspace) {
-  const void* one = kScalars.one(t.x.dtype());
-  const void* zero = kScalars.zero(t.x.dtype());
-  switch (dir) {
-    case Direction::forward:
-      TANDEM_CUDNN_CHECK(cudnnConvolutionForward(h, one, d.x->get(), t.x.data_ptr(), d.w->get(), t.w.data_ptr(),
-                                                 cd.get(), static_cast<cudnnConvolutionFwdAlgo_t>(a.algo), workspace,
-                                                 a.workspace, zero, d.y->get(), t.y.data_ptr()));
-      break;
-    case Direction::backward_data:
-      TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(h, one, d.w->get(), t.w.data_ptr(), d.y->get(), t.y.data_ptr(),
-                                                      cd.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo),
-                                                      workspace, a.workspace, zero, d.x->get(), t.x.data_ptr()));
-      break;
-    case Direction::backward_filter:
-      TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, one, d.x->get(), t.x.data_ptr(), d.y->get(), t.y.data_ptr(),
-                                                        cd.get(), static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo),
-                                                        workspace, a.workspace, zero, d.w->get(), t.w.data_ptr()));
-      break;
-  }
-}
-
-Tensor workspace_for(size_t bytes, const Tensor& like) {
-  return empty({static_cast<int64_t>(bytes)}, TensorOptions(DType::u8, like.device()));
-}
-
-std::string legacy_str(const LegacyAlgo& a) {
-  return detail::concat("algo ", a.algo, " math ", static_cast<int>(a.math), " workspace ", a.workspace, " B");
 }
 
 // ---- the graph (backend) API ----------------------------------------------------------------
@@ -429,7 +269,7 @@ EngineInfo engine_info(const BackendDesc& config) {
 }
 
 // PyTorch's filterEngineConfigs: never down-convert inputs; f32 uses tensor cores (TF32) only
-// when allowed (here: MatmulPrecision::high, as for the legacy math type).
+// when allowed (here: MatmulPrecision::high, as for the v7 math type).
 bool engine_allowed(const EngineInfo& e, DType dtype) {
   for (cudnnBackendNumericalNote_t note : e.notes) {
     if (note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return false;
@@ -509,7 +349,7 @@ const char* heur_mode_name(cudnnBackendHeurMode_t mode) {
 }
 
 // The graph API's choice for one shape and direction, or nullptr if no engine config builds and
-// runs (the caller falls back to the legacy API).
+// runs (the caller falls back to the v7 API).
 std::unique_ptr<GraphPlan> choose_graph(Direction dir, cudnnHandle_t h, int device, const ConvTensors& t,
                                         const Conv2dParams& p, const std::string& what) {
   const SelectOptions& opt = select_options();
@@ -529,7 +369,7 @@ std::unique_ptr<GraphPlan> choose_graph(Direction dir, cudnnHandle_t h, int devi
   };
   std::vector<Candidate> candidates;
   int filtered = 0;
-  for (cudnnBackendHeurMode_t mode : {opt.heur_mode, CUDNN_HEUR_MODE_FALLBACK}) {
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_INSTANT, CUDNN_HEUR_MODE_FALLBACK}) {
     std::vector<BackendDesc> configs = engine_configs(*g, mode);
     for (size_t i = 0; i < configs.size(); ++i) {
       EngineInfo info = engine_info(configs[i]);
@@ -540,8 +380,8 @@ std::unique_ptr<GraphPlan> choose_graph(Direction dir, cudnnHandle_t h, int devi
       candidates.push_back({std::move(configs[i]), std::move(info), detail::concat(heur_mode_name(mode), " #", i)});
     }
   }
-  const bool timed = benchmark_mode || opt.time_topk > 0;
-  const size_t limit = !benchmark_mode              ? static_cast<size_t>(std::max(opt.time_topk, 1))
+  const bool timed = benchmark_mode;
+  const size_t limit = !benchmark_mode              ? 1
                        : opt.benchmark_limit > 0 ? static_cast<size_t>(opt.benchmark_limit)
                                                  : candidates.size();
   std::unique_ptr<GraphPlan> best;
@@ -592,73 +432,17 @@ std::unique_ptr<GraphPlan> choose_graph(Direction dir, cudnnHandle_t h, int devi
 
 struct DirectionChoice {
   bool chosen = false;
-  std::unique_ptr<ConvDesc> conv;  // legacy API: descriptor with the chosen math type
-  LegacyAlgo algo;
   std::unique_ptr<GraphPlan> graph;  // graph API: the execution plan, when there is one
+  std::unique_ptr<V7Conv> v7;        // otherwise the v7 API's algorithm
 };
 
-// Everything a convolution of one shape needs, made once: descriptors and, per direction, the
-// chosen algorithm (and its math type and workspace size) or execution plan.
+// What a convolution of one shape needs, chosen once per direction.
 struct ConvPlan {
-  ShapeDescs descs;
   DirectionChoice dir[3];
 };
 
 using ConvKey = std::tuple<int, int, int, Shape, Shape, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                            bool, int64_t>;
-
-void choose_legacy(Direction dir, cudnnHandle_t h, int device, const ConvPlan& plan, DirectionChoice& c,
-                   const ConvTensors& t, const Conv2dParams& p, const std::string& what, bool after_graph) {
-  const SelectOptions& opt = select_options();
-  const DType dtype = t.x.dtype();
-  c.conv = std::make_unique<ConvDesc>(p, dtype, math_type(dtype));
-  std::vector<LegacyAlgo> candidates = legacy_candidates(dir, h, plan.descs, *c.conv);
-  if (opt.select == AlgoSelect::legacy && !after_graph) {
-    // tandem's original rule: the first successful result, with the descriptor's math type.
-    c.algo = candidates.front();
-    c.algo.math = math_type(dtype);
-    log_choice(what, detail::concat("legacy ", legacy_str(c.algo), " (cuDNN's result 1 of ", candidates.size(),
-                                    ", its math type ", static_cast<int>(candidates.front().math), ")"));
-    return;
-  }
-  // PyTorch's v7 rule: each result with its own math type; one whose workspace cannot be had
-  // gives way to the next. With TANDEM_CUDNN_TIME_TOPK, the first k are timed.
-  const bool timed = !benchmark_mode && opt.time_topk > 0;
-  const size_t limit = timed ? static_cast<size_t>(opt.time_topk) : candidates.size();
-  bool found = false;
-  double best_ms = 0;
-  std::string timings;
-  for (size_t i = 0; i < candidates.size() && i < limit; ++i) {
-    const LegacyAlgo& a = candidates[i];
-    try {
-      Tensor workspace = workspace_for(a.workspace, t.x);
-      c.conv->set_math(a.math);
-      if (!timed) {
-        c.algo = a;
-        found = true;
-        break;
-      }
-      double ms = time_runs(device, [&] { run_legacy(dir, h, plan.descs, *c.conv, a, t, workspace.data_ptr()); });
-      timings += detail::concat(timings.empty() ? "" : ", ", "algo ", a.algo, "/math ", static_cast<int>(a.math), ": ",
-                                ms, " ms");
-      if (!found || ms < best_ms) {
-        best_ms = ms;
-        c.algo = a;
-        found = true;
-      }
-    } catch (const OutOfMemoryError&) {
-      continue;
-    } catch (const BackendError&) {
-      if (!timed) throw;
-      continue;
-    }
-  }
-  if (!found) TANDEM_THROW(BackendError, "cuDNN: no algorithm for ", what, " could get its workspace or run");
-  c.conv->set_math(c.algo.math);
-  log_choice(what, detail::concat(after_graph ? "v7 (graph fallback) " : "v7 ", legacy_str(c.algo),
-                                  timed ? detail::concat(" (fastest of: ", timings, ")")
-                                        : detail::concat(" (of ", candidates.size(), " results)")));
-}
 
 void convolve(Direction dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
   static const char* names[] = {"conv2d", "conv2d_backward_input", "conv2d_backward_weight"};
@@ -666,12 +450,10 @@ void convolve(Direction dir, const Tensor& x, const Tensor& w, const Tensor& y, 
   int device = x.device().index;
   DeviceGuard guard(device);
   cudnnHandle_t h = handle(device);
-  const SelectOptions& opt = select_options();
   const ConvTensors t{x, w, y};
   // The graph API is promised the pointers' alignment, so plans are per alignment too.
-  int64_t alignments = opt.select == AlgoSelect::graph
-                           ? alignment_of(x.data_ptr()) * 10000 + alignment_of(w.data_ptr()) * 100 + alignment_of(y.data_ptr())
-                           : 0;
+  int64_t alignments =
+      alignment_of(x.data_ptr()) * 10000 + alignment_of(w.data_ptr()) * 100 + alignment_of(y.data_ptr());
   static std::mutex mutex;
   static std::map<ConvKey, std::unique_ptr<ConvPlan>> plans;
   ConvKey key{device, static_cast<int>(x.dtype()), static_cast<int>(math_type(x.dtype())), x.shape(), w.shape(),
@@ -681,18 +463,16 @@ void convolve(Direction dir, const Tensor& x, const Tensor& w, const Tensor& y, 
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto& slot = plans[key];
-    if (!slot) {
-      slot = std::make_unique<ConvPlan>();
-      slot->descs.x = std::make_unique<TensorDesc>(x);
-      slot->descs.y = std::make_unique<TensorDesc>(y);
-      slot->descs.w = std::make_unique<FilterDesc>(w);
-    }
+    if (!slot) slot = std::make_unique<ConvPlan>();
     plan = slot.get();
     c = &plan->dir[static_cast<int>(dir)];
     if (!c->chosen) {
       const std::string what = describe(dir, t, p);
-      if (opt.select == AlgoSelect::graph) c->graph = choose_graph(dir, h, device, t, p, what);
-      if (!c->graph) choose_legacy(dir, h, device, *plan, *c, t, p, what, opt.select == AlgoSelect::graph);
+      c->graph = choose_graph(dir, h, device, t, p, what);
+      if (!c->graph) {
+        c->v7 = std::make_unique<V7Conv>(dir, h, t, p, benchmark_mode);
+        log_choice(what, "v7 (graph fallback) " + c->v7->str());
+      }
       c->chosen = true;
     }
   }
@@ -700,8 +480,7 @@ void convolve(Direction dir, const Tensor& x, const Tensor& w, const Tensor& y, 
     Tensor workspace = workspace_for(static_cast<size_t>(c->graph->workspace), x);
     run_graph(h, *c->graph, t, workspace.data_ptr());
   } else {
-    Tensor workspace = workspace_for(c->algo.workspace, x);
-    run_legacy(dir, h, plan->descs, *c->conv, c->algo, t, workspace.data_ptr());
+    c->v7->run(h, t);
   }
 }
 }  // namespace

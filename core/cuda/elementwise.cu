@@ -3,7 +3,7 @@
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/loops.cuh"
 #include "tandem/core/philox.h"
-#include "tandem/core/scalar_math.h"
+#include "tandem/core/elementwise_ops.h"
 
 namespace tandem::cuda {
 
@@ -29,44 +29,24 @@ OnAcc2<T, Fn> on_acc2(Fn fn) {
   return {fn};
 }
 
+// Every element through the table's formula for op (core/elementwise_ops.h), on the compute type.
 template <typename T>
 void unary_typed(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double beta) {
   using C = acc_t<T>;
   const char* name = unary_op_name(op);
-  auto run = [&](auto fn) { map1<T, T>(name, x, out, on_acc<T>(fn)); };
-  if constexpr (std::is_floating_point_v<C>) {
-    switch (op) {
-      case UnaryOp::exp: return run([] __device__(C v) { return std::exp(v); });
-      case UnaryOp::log: return run([] __device__(C v) { return std::log(v); });
-      case UnaryOp::sqrt: return run([] __device__(C v) { return std::sqrt(v); });
-      case UnaryOp::rsqrt: return run([] __device__(C v) { return C(1) / std::sqrt(v); });
-      case UnaryOp::tanh: return run([] __device__(C v) { return std::tanh(v); });
-      case UnaryOp::sigmoid: return run([] __device__(C v) { return math::sigmoid(v); });
-      case UnaryOp::gelu_tanh: return run([] __device__(C v) { return math::gelu_tanh(v); });
-      case UnaryOp::gelu_erf: return run([] __device__(C v) { return math::gelu_erf(v); });
-      case UnaryOp::pow_scalar: {
-        C e = static_cast<C>(alpha);
-        if (alpha == 2.0) return run([] __device__(C v) { return v * v; });
-        return run([e] __device__(C v) { return std::pow(v, e); });
-      }
-      default: break;
-    }
-  }
-  switch (op) {
-    case UnaryOp::neg: return run([] __device__(C v) { return C(-v); });
-    case UnaryOp::abs: return run([] __device__(C v) { return v < C(0) ? C(-v) : v; });
-    case UnaryOp::relu: return run([] __device__(C v) { return v > C(0) ? v : C(0); });
-    case UnaryOp::sign: return run([] __device__(C v) { return C((C(0) < v) - (v < C(0))); });
-    case UnaryOp::scale: {
-      C s = static_cast<C>(alpha);
-      return run([s] __device__(C v) { return C(v * s); });
-    }
-    case UnaryOp::clamp: {
-      C lo = static_cast<C>(alpha), hi = static_cast<C>(beta);
-      return run([lo, hi] __device__(C v) { return v < lo ? lo : (v > hi ? hi : v); });
-    }
-    default: TANDEM_THROW(Error, "unary: unhandled op ", name);
-  }
+  bool ran = elementwise::visit_unary<C>(op, static_cast<C>(alpha), static_cast<C>(beta),
+                                         [&](auto fn) { map1<T, T>(name, x, out, on_acc<T>(fn)); });
+  TANDEM_CHECK(ran, "unary: unhandled op ", name);
+}
+
+template <typename T>
+void unary_backward_typed(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& out, double alpha,
+                          double beta) {
+  using C = acc_t<T>;
+  const char* name = unary_op_name(op);
+  bool ran = elementwise::visit_unary_backward<C>(op, static_cast<C>(alpha), static_cast<C>(beta),
+                                                  [&](auto fn) { map2<T, T, T>(name, grad, x, out, on_acc2<T>(fn)); });
+  TANDEM_CHECK(ran, "unary_backward: unhandled op ", name);
 }
 
 template <typename T>
@@ -74,46 +54,25 @@ void logical_not_typed(const Tensor& x, const Tensor& out) {
   map1<T, bool>("logical_not", x, out, [] __device__(T v) { return !cast_to<bool>(v); });
 }
 
-template <typename T>
-void comparison_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
-  using C = acc_t<T>;
-  const char* name = binary_op_name(op);
-  auto run = [&](auto fn) { map2<T, T, bool>(name, a, b, out, fn); };
-  switch (op) {
-    case BinaryOp::eq: return run([] __device__(T x, T y) { return to_acc(x) == to_acc(y); });
-    case BinaryOp::ne: return run([] __device__(T x, T y) { return to_acc(x) != to_acc(y); });
-    case BinaryOp::lt: return run([] __device__(T x, T y) { return to_acc(x) < to_acc(y); });
-    case BinaryOp::le: return run([] __device__(T x, T y) { return to_acc(x) <= to_acc(y); });
-    case BinaryOp::gt: return run([] __device__(T x, T y) { return to_acc(x) > to_acc(y); });
-    case BinaryOp::ge: return run([] __device__(T x, T y) { return to_acc(x) >= to_acc(y); });
-    default: TANDEM_THROW(Error, "comparison: unhandled op ", name);
-  }
-  (void)sizeof(C);
-}
+// A comparison on the compute types of two elements.
+template <typename T, typename Fn>
+struct CompareOnAcc {
+  Fn fn;
+  __device__ bool operator()(T a, T b) const { return fn(to_acc(a), to_acc(b)); }
+};
 
 template <typename T>
-void arithmetic_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   using C = acc_t<T>;
   const char* name = binary_op_name(op);
-  auto run = [&](auto fn) { map2<T, T, T>(name, a, b, out, on_acc2<T>(fn)); };
-  if constexpr (std::is_floating_point_v<C>) {
-    switch (op) {
-      case BinaryOp::div: return run([] __device__(C x, C y) { return x / y; });
-      case BinaryOp::pow: return run([] __device__(C x, C y) { return std::pow(x, y); });
-      case BinaryOp::relu_backward: return run([] __device__(C g, C x) { return x > C(0) ? g : C(0); });
-      case BinaryOp::gelu_tanh_backward: return run([] __device__(C g, C x) { return g * math::gelu_tanh_grad(x); });
-      case BinaryOp::gelu_erf_backward: return run([] __device__(C g, C x) { return g * math::gelu_erf_grad(x); });
-      default: break;
+  bool ran = elementwise::visit_binary<C>(op, [&](auto fn) {
+    if constexpr (std::is_same_v<decltype(fn(C{}, C{})), bool>) {
+      map2<T, T, bool>(name, a, b, out, CompareOnAcc<T, decltype(fn)>{fn});
+    } else {
+      map2<T, T, T>(name, a, b, out, on_acc2<T>(fn));
     }
-  }
-  switch (op) {
-    case BinaryOp::add: return run([] __device__(C x, C y) { return C(x + y); });
-    case BinaryOp::sub: return run([] __device__(C x, C y) { return C(x - y); });
-    case BinaryOp::mul: return run([] __device__(C x, C y) { return C(x * y); });
-    case BinaryOp::maximum: return run([] __device__(C x, C y) { return math::nan_max(x, y); });
-    case BinaryOp::minimum: return run([] __device__(C x, C y) { return math::nan_min(x, y); });
-    default: TANDEM_THROW(Error, "binary: unhandled op ", name);
-  }
+  });
+  TANDEM_CHECK(ran, "binary: unhandled op ", name);
 }
 
 template <typename T>
@@ -187,15 +146,21 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double 
   }
 }
 
+void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& out, double alpha, double beta) {
+  dispatch_floating(x.dtype(), unary_op_name(op), "cuda", [&](auto tag) {
+    unary_backward_typed<device_t<decltype(tag)>>(op, grad, x, out, alpha, beta);
+  });
+}
+
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const char* name = binary_op_name(op);
-  auto arithmetic = [&](auto tag) { arithmetic_typed<device_t<decltype(tag)>>(op, a, b, out); };
+  auto typed = [&](auto tag) { binary_typed<device_t<decltype(tag)>>(op, a, b, out); };
   if (is_comparison(op)) {
-    dispatch_all(a.dtype(), name, "cuda", [&](auto tag) { comparison_typed<device_t<decltype(tag)>>(op, a, b, out); });
+    dispatch_all(a.dtype(), name, "cuda", typed);
   } else if (is_floating_only(op)) {
-    dispatch_floating(a.dtype(), name, "cuda", arithmetic);
+    dispatch_floating(a.dtype(), name, "cuda", typed);
   } else {
-    dispatch_numeric(a.dtype(), name, "cuda", arithmetic);
+    dispatch_numeric(a.dtype(), name, "cuda", typed);
   }
 }
 

@@ -9,12 +9,10 @@
 //   sum_m g[m, n] is a reduction of cuBLASLt's B over k into D's columns (N): BGRADB.
 // Algorithms come from the heuristic and are cached per problem; a problem without an algorithm
 // is reported (false) so the caller composes plain kernels instead.
-#include <map>
-#include <mutex>
 #include <tuple>
 
 #include "tandem/core/backend.h"
-#include "tandem/core/cuda/cublaslt.h"
+#include "tandem/core/cuda/cublaslt_plan.h"
 #include "tandem/core/cuda/runtime.h"
 
 namespace tandem::cuda {
@@ -26,14 +24,10 @@ using namespace lt;
 // chosen algorithm relies on.
 using PlanKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, int>;
 
-// The algorithm cached per problem, or false where cuBLASLt has none.
-std::map<PlanKey, std::pair<bool, cublasLtMatmulAlgo_t>>& plans() {
-  static std::map<PlanKey, std::pair<bool, cublasLtMatmulAlgo_t>> cache;
+// The algorithm per problem, or found false where cuBLASLt has none.
+PlanCache<PlanKey>& plans() {
+  static PlanCache<PlanKey> cache;
   return cache;
-}
-std::mutex& plans_mutex() {
-  static std::mutex mutex;
-  return mutex;
 }
 
 struct Problem {
@@ -93,34 +87,13 @@ bool run(const Problem& p) {
               align_d,
               align_bias,
               align_aux};
-  cublasLtMatmulAlgo_t algo{};
-  {
-    std::lock_guard<std::mutex> lock(plans_mutex());
-    auto it = plans().find(key);
-    if (it == plans().end()) {
-      cublasLtMatmulPreference_t pref = nullptr;
-      TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-      size_t workspace = kWorkspaceBytes;
-      uint32_t al_a = static_cast<uint32_t>(align_a), al_b = static_cast<uint32_t>(align_b),
-               al_d = static_cast<uint32_t>(align_d);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                           sizeof workspace);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d);
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle(device), desc.get(), layout_a.get(), layout_b.get(),
-                                                             layout_d.get(), layout_d.get(), pref, 1, &result, &found);
-      cublasLtMatmulPreferenceDestroy(pref);
-      // No algorithm (an epilogue this library version cannot fuse for the problem) is not an
-      // error: the caller composes plain kernels, whose own calls report any real failure.
-      it = plans().emplace(key, std::make_pair(status == CUBLAS_STATUS_SUCCESS && found > 0, result.algo)).first;
-    }
-    if (!it->second.first) return false;
-    algo = it->second.second;
-  }
+  // No algorithm (an epilogue this library version cannot fuse for the problem) is not an error:
+  // the caller composes plain kernels, whose own calls report any real failure.
+  const Heuristic h = plans().find(key, [&] {
+    return query_heuristic(device, desc, layout_a, layout_b, layout_d, {align_a, align_b, align_d});
+  });
+  if (!h.found) return false;
+  const cublasLtMatmulAlgo_t algo = h.algo;
   NvtxRange range("linear");
   DeviceGuard guard(device);
   Tensor workspace = empty({static_cast<int64_t>(kWorkspaceBytes)}, TensorOptions(DType::u8, p.device));
@@ -129,8 +102,7 @@ bool run(const Problem& p) {
                                          &beta, p.d, layout_d.get(), p.d, layout_d.get(), &algo, workspace.data_ptr(),
                                          kWorkspaceBytes, current_stream(device));
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused before launching: remember, and compose instead
-    std::lock_guard<std::mutex> lock(plans_mutex());
-    plans()[key].first = false;
+    plans().mark_unusable(key);
     return false;
   }
   TANDEM_CUBLAS_CHECK(status);

@@ -4,12 +4,10 @@
 // (transposed views become a transpose op, not a copy). f16/bf16 accumulate in f32; f32 uses
 // TF32 tensor cores only under MatmulPrecision::high. Algorithms come from cuBLASLt's heuristic
 // and are cached per shape, layout and alignment.
-#include <map>
-#include <mutex>
 #include <tuple>
 
 #include "tandem/core/backend.h"
-#include "tandem/core/cuda/cublaslt.h"
+#include "tandem/core/cuda/cublaslt_plan.h"
 #include "tandem/core/cuda/runtime.h"
 
 namespace tandem::cuda {
@@ -71,37 +69,15 @@ void matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   int align_a = alignment(a.data_ptr()), align_b = alignment(b.data_ptr()), align_c = alignment(out.data_ptr());
   PlanKey key{device, static_cast<int>(a.dtype()), static_cast<int>(t.compute), batch, m, n, k, la.ld, lb.ld,
               la.batch_stride, lb.batch_stride, 0, la.transpose, lb.transpose, align_a, align_b, align_c};
-  static std::mutex mutex;
-  static std::map<PlanKey, cublasLtMatmulAlgo_t> plans;
-  cublasLtMatmulAlgo_t algo;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = plans.find(key);
-    if (it != plans.end()) {
-      algo = it->second;
-    } else {
-      cublasLtMatmulPreference_t pref = nullptr;
-      TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-      size_t workspace = kWorkspaceBytes;
-      uint32_t al_a = static_cast<uint32_t>(align_b), al_b = static_cast<uint32_t>(align_a),
-               al_c = static_cast<uint32_t>(align_c);  // cuBLASLt's A is our B
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle(device), desc.get(), layout_b.get(), layout_a.get(),
-                                                             layout_c.get(), layout_c.get(), pref, 1, &result, &found);
-      cublasLtMatmulPreferenceDestroy(pref);
-      TANDEM_CUBLAS_CHECK(status);
-      TANDEM_CHECK_AS(BackendError, found > 0, "matmul: cuBLASLt has no algorithm for ", batch, " x (", m, ", ", k,
-                      ") @ (", k, ", ", n, ") in ", a.dtype());
-      algo = result.algo;
-      plans.emplace(key, algo);
-    }
-  }
+  static PlanCache<PlanKey> plans;
+  // cuBLASLt's A is our B.
+  const Heuristic h = plans.find(key, [&] {
+    return query_heuristic(device, desc, layout_b, layout_a, layout_c, {align_b, align_a, align_c});
+  });
+  TANDEM_CUBLAS_CHECK(h.status);
+  TANDEM_CHECK_AS(BackendError, h.found, "matmul: cuBLASLt has no algorithm for ", batch, " x (", m, ", ", k, ") @ (", k,
+                  ", ", n, ") in ", a.dtype());
+  const cublasLtMatmulAlgo_t algo = h.algo;
   Tensor workspace = empty({static_cast<int64_t>(kWorkspaceBytes)}, TensorOptions(DType::u8, out.device()));
   float alpha_f = 1.0f, beta_f = 0.0f;
   double alpha_d = 1.0, beta_d = 0.0;

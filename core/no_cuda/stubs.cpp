@@ -57,6 +57,9 @@ void* pinned_allocate(size_t) { no_cuda("pinned host memory"); }
 void pinned_free(void*) {}
 
 void unary(UnaryOp op, const Tensor&, const Tensor&, double, double) { no_cuda(unary_op_name(op)); }
+void unary_backward(UnaryOp op, const Tensor&, const Tensor&, const Tensor&, double, double) {
+  no_cuda(unary_op_name(op));
+}
 void binary(BinaryOp op, const Tensor&, const Tensor&, const Tensor&) { no_cuda(binary_op_name(op)); }
 void where(const Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda("where"); }
 void copy(const Tensor&, const Tensor&) { no_cuda("copy"); }

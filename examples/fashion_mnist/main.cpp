@@ -5,23 +5,31 @@
 //
 //   fashion_mnist --model cnn --epochs 15
 //   mpirun -np 2 fashion_mnist --model mlp --epochs 10 --batch-size 128
+//   mpirun -np 4 fashion_mnist --model cnn --zero 2   (ZeRO: optimizer state and gradients sharded)
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <limits>
+#include <optional>
+#include <stdexcept>
 
+#include "flags.h"
 #include "models.h"
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/core/cuda_api.h"
+#include "tandem/core/temp_files.h"
 #include "tandem/data/idx.h"
 #include "tandem/data/loader.h"
 #include "tandem/dist/ddp.h"
+#include "tandem/dist/zero.h"
 #include "tandem/optim/adamw.h"
-#include "tandem/optim/checkpoint.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/optim/sgd.h"
+#include "tandem/train/checkpoint.h"
+#include "tandem/train/precision.h"
 
 using namespace tandem;
 
@@ -45,14 +53,8 @@ struct Config {
   int64_t log_every = 100;
   int64_t max_steps_per_epoch = 0;  // 0: the whole epoch (a smaller value is for quick checks)
   std::string precision = "f32";    // f32, tf32 (f32 with TF32 matmuls), bf16 or fp16
+  int zero = 0;                     // ZeRO stage: 0 (plain DDP), 1 or 2
 };
-
-// The dtype of parameters and activations for a --precision.
-DType model_dtype(const std::string& precision) {
-  if (precision == "bf16") return DType::bf16;
-  if (precision == "fp16") return DType::f16;
-  return DType::f32;
-}
 
 std::string format_seconds(double s) {
   char text[32];
@@ -68,8 +70,21 @@ std::vector<double> sum_over_ranks(const std::vector<double>& values) {
   return t.to_double_vector();
 }
 
+// A problem found before training that every rank stops on together (no abort, so no MPI noise
+// from an abort); one rank says it: rank 0 when it found it, else the ranks that did.
+struct AgreedStop : std::runtime_error {
+  AgreedStop(const std::string& problem, bool say) : std::runtime_error(problem), say(say) {}
+  bool say;
+};
+
+void stop_together_if(const std::string& problem) {
+  const bool lead = dist::world().rank == 0;
+  std::vector<double> found = sum_over_ranks({problem.empty() ? 0.0 : 1.0, lead && !problem.empty() ? 1.0 : 0.0});
+  if (found[0] > 0) throw AgreedStop(problem, !problem.empty() && (lead || found[1] == 0));
+}
+
 struct EvalResult {
-  double loss, accuracy;
+  double loss, accuracy, samples;  // over the real test samples of every rank
 };
 
 // Evaluates on this rank's shard of the test set; the sums are combined over ranks.
@@ -87,11 +102,13 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader, DType dtype) {
   }
   model.train();
   std::vector<double> total = sum_over_ranks({loss_sum, correct, count});
-  return {total[0] / total[2], total[1] / total[2]};
+  return {total[0] / total[2], total[1] / total[2], total[2]};
 }
 
 void write_json_atomically(const std::string& path, const nlohmann::json& j) {
-  std::string tmp = path + ".tmp";
+  remove_stale_temp_files(path);
+  const std::string tmp = temp_path_for(path);
+  TempFileGuard guard(tmp);  // removed if SIGINT or SIGTERM ends the run mid-write
   {
     std::ofstream out(tmp);
     TANDEM_CHECK_AS(ValueError, out.good(), "cannot write the metrics file ", tmp);
@@ -114,26 +131,39 @@ int run(const Config& cfg) {
     }
     device = Device("cpu");
   }
-  TANDEM_CHECK_AS(ValueError, cfg.batch_size % world.size == 0, "--batch-size ", cfg.batch_size,
-                  " must divide evenly across ", world.size, " ranks");
+  // Problems found before training stop every rank together, said once (stop_together_if).
+  std::string problem;
+  if (cfg.batch_size % world.size != 0) {
+    problem = detail::concat("--batch-size ", cfg.batch_size, " must divide evenly across ", world.size, " ranks");
+  }
+  stop_together_if(problem);
   const int64_t local_batch = cfg.batch_size / world.size;
+  // Rank 0 writes the checkpoint and metrics: find an unwritable path now, not after an epoch.
+  if (lead && !cfg.save.empty() && !(problem = unwritable_reason(cfg.save)).empty()) {
+    problem = "--save " + cfg.save + ": " + problem + " (expected a file path in a writable directory)";
+  }
+  if (lead && problem.empty() && !cfg.metrics.empty() && !(problem = unwritable_reason(cfg.metrics)).empty()) {
+    problem = "--metrics " + cfg.metrics + ": " + problem + " (expected a file path in a writable directory)";
+  }
+  stop_together_if(problem);
 
-  std::string dir = cfg.data.empty() ? data::default_fashion_mnist_dir() : cfg.data;
-  data::FashionMnist train = data::load_fashion_mnist(dir, true);
-  data::FashionMnist test = data::load_fashion_mnist(dir, false);
+  data::FashionMnist train, test;
+  try {
+    const std::string dir = cfg.data.empty() ? data::default_fashion_mnist_dir() : cfg.data;
+    train = data::load_fashion_mnist(dir, true);
+    test = data::load_fashion_mnist(dir, false);
+  } catch (const Error& e) {
+    problem = e.message();  // every rank reads the same files: stop together, said once
+  }
+  stop_together_if(problem);
 
   manual_seed(cfg.seed);  // the same initial weights on every rank (DDP broadcasts rank 0's anyway)
   auto model = fashion::make_model(cfg.model, TensorOptions(DType::f32, device));
-  // Mixed precision: parameters and activations in 16 bits (batch-norm statistics stay f32), the
-  // optimizer keeping f32 master weights and moments; fp16 adds dynamic loss scaling.
-  const DType dtype = model_dtype(cfg.precision);
-  if (dtype != DType::f32) model->to(dtype);
-  if (device.is_cuda()) {
-    cuda::set_matmul_precision(cfg.precision == "tf32" ? cuda::MatmulPrecision::high : cuda::MatmulPrecision::highest);
-  }
-  amp::GradScalerOptions scaler_options;
-  scaler_options.enabled = cfg.precision == "fp16";
-  amp::GradScaler scaler(device, scaler_options);
+  // What --precision means (model dtype, f32 masters, loss scaling, TF32): train/precision.h.
+  const train::PrecisionPolicy precision = train::PrecisionPolicy::parse(cfg.precision);
+  precision.apply(*model);
+  const DType dtype = precision.model_dtype;
+  amp::GradScaler scaler(device, precision.grad_scaler_options());
   std::unique_ptr<optim::Optimizer> opt;
   if (cfg.optimizer == "adamw") {
     opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{cfg.lr, 0.9, 0.999, 1e-8, cfg.weight_decay});
@@ -143,28 +173,66 @@ int run(const Config& cfg) {
     TANDEM_THROW(ValueError, "unknown optimizer '", cfg.optimizer, "': expected adamw or sgd");
   }
 
-  optim::TrainingPosition position;
-  if (!cfg.resume.empty()) {
-    position = optim::load_checkpoint(cfg.resume, *model, opt.get(), scaler.is_enabled() ? &scaler : nullptr).position;
+  // Plain DDP loads the checkpoint first (construction broadcasts rank 0's parameters). ZeRO
+  // wraps the optimizer first: every rank then reads the unsharded checkpoint and keeps its shard
+  // of the optimizer state, whatever world size saved it.
+  train::TrainingPosition position;
+  std::optional<train::LoadedCheckpoint> resumed;
+  auto resume = [&] {
+    if (cfg.resume.empty()) return;
+    try {
+      resumed = train::load_checkpoint(cfg.resume, *model, opt.get(), scaler.is_enabled() ? &scaler : nullptr,
+                                       {cfg.model, cfg.precision});
+    } catch (const Error& e) {
+      problem = e.message();
+    }
+    stop_together_if(problem);
+    position = resumed->position;
     if (lead) std::printf("resumed from %s at epoch %lld, step %lld\n", cfg.resume.c_str(),
                           static_cast<long long>(position.epoch), static_cast<long long>(position.step));
-  }
+  };
+  if (cfg.zero == 0) resume();
 
   std::unique_ptr<dist::DistributedDataParallel> ddp;
-  if (world.size > 1) ddp = std::make_unique<dist::DistributedDataParallel>(model);
+  dist::ZeroRedundancyOptimizer* zero = nullptr;
+  if (world.size > 1 || cfg.zero > 0) {
+    dist::DdpOptions ddp_options;
+    ddp_options.zero_stage = cfg.zero;
+    ddp = std::make_unique<dist::DistributedDataParallel>(model, ddp_options);
+  }
+  if (cfg.zero > 0) {
+    auto sharded = std::make_unique<dist::ZeroRedundancyOptimizer>(*ddp, std::move(opt));
+    zero = sharded.get();
+    opt = std::move(sharded);
+    resume();
+  }
   auto forward = [&](const Tensor& x) { return ddp ? ddp->forward(x) : model->forward(x); };
 
   dist::DistributedSampler train_shard(train.images.shape()[0], world.rank, world.size, true, cfg.seed);
   data::DataLoader train_loader(train.images, train.labels, {local_batch, false, false, cfg.seed, device});
   dist::DistributedSampler test_shard(test.images.shape()[0], world.rank, world.size, false, 0);
   data::DataLoader test_loader(test.images, test.labels, {256, false, false, 0, device});
-  test_loader.set_indices(test_shard.indices(0));
-  // Padding repeats a few test samples when the test set does not divide by the world size; with
-  // 10000 samples and 1, 2, 4 or 8 ranks it does.
+  // Only the real samples: the sampler pads with repeats when the test set does not divide by the
+  // world size, and a repeat would be counted twice.
+  std::vector<int64_t> test_indices = test_shard.indices(0);
+  test_indices.resize(static_cast<size_t>(test_shard.num_real_samples()));
+  test_loader.set_indices(test_indices);
 
   int64_t steps_per_epoch = (train_shard.num_samples() + local_batch - 1) / local_batch;
   if (cfg.max_steps_per_epoch > 0) steps_per_epoch = std::min(steps_per_epoch, cfg.max_steps_per_epoch);
   const int64_t total_steps = steps_per_epoch * cfg.epochs;
+  if (resumed && cfg.schedule == "cosine" && resumed->text("schedule") == "cosine") {
+    // The cosine curve is planned over the whole run: another length is another curve.
+    const int64_t saved_steps = resumed->integer("total_steps", 1, std::numeric_limits<int64_t>::max());
+    if (saved_steps != total_steps) {
+      problem = detail::concat("--resume ", cfg.resume, ": the checkpoint's cosine schedule runs ",
+                               resumed->text("epochs"), " epochs (", saved_steps, " steps) but this run asks for ",
+                               cfg.epochs, " epochs (", total_steps, " steps); resume with --epochs ",
+                               resumed->text("epochs"), " and the same --max-steps-per-epoch and --batch-size, or ",
+                               "with --schedule none");
+    }
+  }
+  stop_together_if(problem);
   std::unique_ptr<optim::LRSchedule> schedule;
   if (cfg.schedule == "cosine") {
     schedule = std::make_unique<optim::CosineAnnealingLR>(total_steps);
@@ -234,6 +302,7 @@ int run(const Config& cfg) {
       }
     }
     double epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+    if (zero) zero->wait_for_parameters();  // the last step's all-gathers, before the model is read directly
     EvalResult eval = evaluate(*model, test_loader, dtype);
     position.epoch = epoch + 1;
     nlohmann::json ddp_json;
@@ -249,6 +318,18 @@ int run(const Config& cfg) {
                     100.0 * st.hidden_fraction);
       }
     }
+    if (zero) {
+      const dist::ZeroStats& st = zero->stats();
+      ddp_json["zero"] = {{"stage", cfg.zero}, {"all_gathers", st.gathers}, {"gather_ms", st.gather_ms},
+                          {"exposed_ms", st.exposed_ms}, {"hidden_fraction", st.hidden_fraction},
+                          {"optimizer_state_bytes", opt->state_bytes()}};
+      if (lead) {
+        std::printf("zero %d: %lld parameter all-gathers, %.3f ms, exposed %.3f ms, hidden %.0f%%, optimizer state "
+                    "%.2f MB on this rank\n",
+                    cfg.zero, static_cast<long long>(st.gathers), st.gather_ms, st.exposed_ms,
+                    100.0 * st.hidden_fraction, static_cast<double>(opt->state_bytes()) / 1e6);
+      }
+    }
     if (lead) {
       std::printf("epoch %lld: train loss %.4f acc %.4f | test loss %.4f acc %.4f | %.1f s, %.0f samples/s\n",
                   static_cast<long long>(epoch + 1), loss_sum / seen, correct / seen, eval.loss, eval.accuracy,
@@ -256,13 +337,18 @@ int run(const Config& cfg) {
       std::fflush(stdout);
       metrics["epochs"].push_back({{"epoch", epoch + 1}, {"train_loss", loss_sum / seen}, {"train_accuracy", correct / seen},
                                    {"test_loss", eval.loss}, {"test_accuracy", eval.accuracy},
+                                   {"test_samples", eval.samples},
                                    {"seconds", epoch_seconds}, {"samples_per_second", seen / epoch_seconds},
                                    {"ddp", ddp_json}});
       if (!cfg.metrics.empty()) write_json_atomically(cfg.metrics, metrics);
       if (!cfg.save.empty()) {
-        optim::save_checkpoint(cfg.save, *model, opt.get(), position, {{"model", cfg.model}, {"precision", cfg.precision}},
+        train::save_checkpoint(cfg.save, *model, opt.get(), position,
+                               {{"model", cfg.model}, {"precision", cfg.precision}, {"schedule", cfg.schedule},
+                                {"epochs", std::to_string(cfg.epochs)}, {"total_steps", std::to_string(total_steps)}},
                                scaler.is_enabled() ? &scaler : nullptr);
       }
+    } else if (zero && !cfg.save.empty()) {
+      opt->state_dict();  // ZeRO gathers the unsharded state on every rank: take part in rank 0's save
     }
   }
   if (lead) {
@@ -278,29 +364,41 @@ int main(int argc, char** argv) {
   CLI::App app{"Train an MLP or a CNN on Fashion-MNIST with tandem (under mpirun for data parallelism)"};
   Config cfg;
   app.add_option("--model", cfg.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}));
-  app.add_option("--epochs", cfg.epochs, "epochs to train")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", cfg.batch_size, "global batch size (split across ranks)")->check(CLI::PositiveNumber);
-  app.add_option("--lr", cfg.lr, "learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", cfg.epochs, "epochs to train")->check(fashion::whole_number_at_least(1));
+  app.add_option("--batch-size", cfg.batch_size, "global batch size (split across ranks)")
+      ->check(fashion::whole_number_at_least(1));
+  app.add_option("--lr", cfg.lr, "learning rate")->check(fashion::number_above(0, false));
   app.add_option("--optimizer", cfg.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_option("--schedule", cfg.schedule, "learning-rate schedule: cosine (to 0 over the run) or none")
       ->check(CLI::IsMember({"cosine", "none"}));
-  app.add_option("--momentum", cfg.momentum, "SGD momentum");
-  app.add_option("--weight-decay", cfg.weight_decay, "weight decay");
+  app.add_option("--momentum", cfg.momentum, "SGD momentum")->check(fashion::number_above(0, true));
+  app.add_option("--weight-decay", cfg.weight_decay, "weight decay")->check(fashion::number_above(0, true));
   app.add_option("--device", cfg.device, "auto (a GPU when present), cpu, cuda or cuda:N");
   app.add_option("--data", cfg.data, "Fashion-MNIST directory (default: $TANDEM_DATA_DIR or the dataset-fashion-mnist package)");
   app.add_option("--save", cfg.save, "checkpoint written after every epoch (safetensors)");
-  app.add_option("--resume", cfg.resume, "checkpoint to continue from");
+  app.add_option("--resume", cfg.resume, "checkpoint to continue from (under --zero: saved at any world size)");
+  app.add_option("--zero", cfg.zero,
+                 "ZeRO stage: 0 plain DDP, 1 optimizer state sharded across ranks, 2 gradients sharded too")
+      ->check(CLI::Range(0, 2));
   app.add_option("--metrics", cfg.metrics, "JSON file of per-epoch metrics");
-  app.add_option("--seed", cfg.seed, "seed for the initial weights and the data order");
-  app.add_option("--log-every", cfg.log_every, "steps between progress lines (0: none)");
+  app.add_option("--seed", cfg.seed, "seed for the initial weights and the data order")
+      ->check(fashion::whole_number_at_least(0));
+  app.add_option("--log-every", cfg.log_every, "steps between progress lines (0: none)")
+      ->check(fashion::whole_number_at_least(0));
   app.add_option("--precision", cfg.precision, "f32, tf32 (TF32 matmuls on GPUs), bf16 or fp16 (with loss scaling)")
-      ->check(CLI::IsMember({"f32", "tf32", "bf16", "fp16"}));
-  app.add_option("--max-steps-per-epoch", cfg.max_steps_per_epoch, "cut epochs short (for quick checks)");
+      ->check(CLI::IsMember(train::PrecisionPolicy::names()));
+  app.add_option("--max-steps-per-epoch", cfg.max_steps_per_epoch, "cut epochs short (for quick checks; 0: whole epochs)")
+      ->check(fashion::whole_number_at_least(0));
   CLI11_PARSE(app, argc, argv);
   try {
     int status = run(cfg);
     dist::finalize();
     return status;
+  } catch (const AgreedStop& e) {
+    // Every rank stops here together, one of them says why, and MPI is finalized normally.
+    if (e.say) std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
+    dist::finalize();
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
     std::fflush(stderr);

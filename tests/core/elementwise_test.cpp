@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 
 #include "support/test_util.h"
 #include "tandem/core/kernels.h"
@@ -110,6 +111,19 @@ std::vector<UnaryCase> unary_cases() {
        {-2, 2},
        [](T x) { return clamp(x, -0.5, 0.7); },
        [](double x) { return std::min(std::max(x, -0.5), 0.7); }},
+      {"sin", {-4, 4}, [](T x) { return sin(x); }, [](double x) { return std::sin(x); }},
+      {"cos", {-4, 4}, [](T x) { return cos(x); }, [](double x) { return std::cos(x); }},
+      {"silu", {-6, 6}, [](T x) { return silu(x); }, [](double x) { return x / (1.0 + std::exp(-x)); }},
+      {"softplus", {-6, 6}, [](T x) { return softplus(x); }, [](double x) { return std::log1p(std::exp(x)); }},
+      // beta 2, threshold 3: x above 1.5 passes through unchanged.
+      {"softplus beta threshold",
+       {-3, 3},
+       [](T x) { return softplus(x, 2.0, 3.0); },
+       [](double x) { return 2.0 * x > 3.0 ? x : std::log1p(std::exp(2.0 * x)) / 2.0; }},
+      {"clamp min only", {-2, 2}, [](T x) { return clamp(x, -0.5, std::nullopt); },
+       [](double x) { return std::max(x, -0.5); }},
+      {"clamp max only", {-2, 2}, [](T x) { return clamp(x, std::nullopt, 0.7); },
+       [](double x) { return std::min(x, 0.7); }},
       {"scale", {-3, 3}, [](T x) { return mul(x, -2.5); }, [](double x) { return -2.5 * x; }},
       {"div scalar", {-3, 3}, [](T x) { return div(x, 4.0); }, [](double x) { return x / 4.0; }},
       {"add scalar", {-3, 3}, [](T x) { return x + 1.25; }, [](double x) { return x + 1.25; }},
@@ -175,6 +189,14 @@ TEST(Unary, FloatOnlyOpsRejectIntegers) {
   EXPECT_TRUE(testing::throws_with<TypeError>([&] { neg(to(i, DType::boolean)); }, {"neg", "bool"}));
 }
 
+// kernels::unary_backward of op with its operands broadcast together, as a binary op.
+std::function<Tensor(const Tensor&, const Tensor&)> backward_of(UnaryOp op, double alpha = 0.0, double beta = 0.0) {
+  return [=](const Tensor& g, const Tensor& x) {
+    Shape s = broadcast_shapes(g.shape(), x.shape(), "test");
+    return kernels::unary_backward(op, views::expand(g, s), views::expand(x, s), alpha, beta);
+  };
+}
+
 struct BinaryCase {
   const char* name;
   Domain a, b;
@@ -193,18 +215,23 @@ std::vector<BinaryCase> binary_cases() {
       {"pow", {0.2, 3}, {-2, 2}, [](T a, T b) { return pow(a, b); }, [](double a, double b) { return std::pow(a, b); }},
       {"maximum", any, any, [](T a, T b) { return maximum(a, b); }, [](double a, double b) { return std::max(a, b); }},
       {"minimum", any, any, [](T a, T b) { return minimum(a, b); }, [](double a, double b) { return std::min(a, b); }},
-      {"relu_backward", any, any, [](T g, T x) { return kernels::binary(BinaryOp::relu_backward, g, x); },
-       [](double g, double x) { return x > 0 ? g : 0.0; }},
-      {"gelu_tanh_backward",
-       any,
-       {-4, 4},
-       [](T g, T x) { return kernels::binary(BinaryOp::gelu_tanh_backward, g, x); },
+      // The gradient kernels of the unary table (grad, x) -> grad * f'(x), broadcast here.
+      {"relu backward", any, any, backward_of(UnaryOp::relu), [](double g, double x) { return x > 0 ? g : 0.0; }},
+      {"gelu_tanh backward", any, {-4, 4}, backward_of(UnaryOp::gelu_tanh),
        [](double g, double x) { return g * gelu_tanh_grad_ref(x); }},
-      {"gelu_erf_backward",
-       any,
-       {-4, 4},
-       [](T g, T x) { return kernels::binary(BinaryOp::gelu_erf_backward, g, x); },
+      {"gelu_erf backward", any, {-4, 4}, backward_of(UnaryOp::gelu_erf),
        [](double g, double x) { return g * gelu_erf_grad_ref(x); }},
+      {"sin backward", any, any, backward_of(UnaryOp::sin), [](double g, double x) { return g * std::cos(x); }},
+      {"cos backward", any, any, backward_of(UnaryOp::cos), [](double g, double x) { return -g * std::sin(x); }},
+      {"silu backward", any, {-6, 6}, backward_of(UnaryOp::silu),
+       [](double g, double x) {
+         double s = 1.0 / (1.0 + std::exp(-x));
+         return g * s * (1.0 + x * (1.0 - s));
+       }},
+      {"softplus backward", any, {-6, 6}, backward_of(UnaryOp::softplus, 2.0, 5.0),
+       [](double g, double x) { return 2.0 * x > 5.0 ? g : g / (1.0 + std::exp(-2.0 * x)); }},
+      {"clamp backward", any, any, backward_of(UnaryOp::clamp, -0.5, 0.75),
+       [](double g, double x) { return x >= -0.5 && x <= 0.75 ? g : 0.0; }},
   };
 }
 

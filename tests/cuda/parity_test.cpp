@@ -3,7 +3,9 @@
 // CPU result on the same inputs widened to f64; the GPU result must match within the dtype's
 // tolerance. Every new CUDA allocation is poisoned with NaN bytes, so an element a kernel fails to
 // write shows up. Differentiable cases also compare the input gradients of sum(out * w).
+#include <cmath>
 #include <functional>
+#include <optional>
 
 #include "support/test_util.h"
 #include "tandem/core/kernels.h"
@@ -112,6 +114,15 @@ std::vector<Case> cases() {
       unary("pow_scalar", [](const Tensor& x) { return pow(x, 2.5); }, 0.2, 2.0),
       unary("square", [](const Tensor& x) { return pow(x, 2.0); }),
       unary("scale", [](const Tensor& x) { return x * 0.375; }),
+      unary("sin", [](const Tensor& x) { return sin(x); }, -4.0, 4.0),
+      unary("cos", [](const Tensor& x) { return cos(x); }, -4.0, 4.0),
+      unary("silu", [](const Tensor& x) { return silu(x); }, -6.0, 6.0),
+      unary("softplus", [](const Tensor& x) { return softplus(x); }, -6.0, 6.0),
+      unary("softplus_beta_threshold", [](const Tensor& x) { return softplus(x, 2.0, 2.5); }),
+      unary("clamp_min", [](const Tensor& x) { return clamp(x, -0.75, std::nullopt); }),
+      unary("clamp_max", [](const Tensor& x) { return clamp(x, std::nullopt, 1.125); }),
+      unary("tril", [](const Tensor& x) { return tril(x, 3); }),
+      unary("triu", [](const Tensor& x) { return triu(x, -2); }),
       binary("add", [](const Tensor& a, const Tensor& b) { return a + b; }),
       binary("sub", [](const Tensor& a, const Tensor& b) { return a - b; }),
       binary("mul", [](const Tensor& a, const Tensor& b) { return a * b; }),
@@ -253,6 +264,20 @@ void run_parity(DType dtype) {
 TEST(CudaParity, F32) { run_parity(DType::f32); }
 TEST(CudaParity, F16) { run_parity(DType::f16); }
 TEST(CudaParity, BF16) { run_parity(DType::bf16); }
+
+TEST(CudaParity, ArangeOnTheDeviceInEveryDType) {
+  TANDEM_REQUIRE_CUDA();
+  const double start = testing::random_uniform({1}, -3.0, 3.0).item();
+  for (DType d : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64, DType::i32}) {
+    SCOPED_TRACE(dtype_name(d));
+    const double s = is_floating(d) ? start : std::floor(start);
+    Tensor got = arange(s, s + 7.0, 0.5, TensorOptions(d, Device("cuda:0")));
+    Tensor expected = arange(s, s + 7.0, 0.5, d);
+    ASSERT_TRUE(got.device().is_cuda());
+    EXPECT_EQ(got.shape(), expected.shape());
+    EXPECT_EQ(widen(got).to_vector<double>(), widen(expected).to_vector<double>());
+  }
+}
 
 TEST(CudaParity, RandomMatchesCpuForTheSameSeed) {
   TANDEM_REQUIRE_CUDA();

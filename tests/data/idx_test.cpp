@@ -1,6 +1,7 @@
 // IDX files: round trips of every element type, plain and gzip, the errors for malformed files,
 // Fashion-MNIST loading from a directory the test writes, and the default data directory.
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <cstring>
@@ -252,17 +253,42 @@ TEST(FashionMnist, ChecksTheFilesAgree) {
   TempDir dir;
   write_fake_fashion_mnist(dir.path(), "train", 4, 5, false);
   EXPECT_TRUE(
-      throws_with<ValueError>([&] { load_fashion_mnist(dir.path(), true); }, {"holds 4 images but", "holds 5 labels"}));
+      throws_with<ValueError>([&] { load_fashion_mnist(dir.path(), true); }, {"declares 4 images but", "declares 5 labels"}));
   EXPECT_TRUE(throws_with<ValueError>([&] { load_fashion_mnist(dir.path(), false); },
                                       {"neither '" + dir.file("t10k-images-idx3-ubyte") + "' nor", ".gz' exists"}));
   write_file(dir.file("t10k-images-idx3-ubyte"), idx_bytes(0x08, {1, 2, 2}, "abcd"));
   write_file(dir.file("t10k-labels-idx1-ubyte"), idx_bytes(0x08, {1}, "\x01"));
   EXPECT_TRUE(throws_with<ValueError>([&] { load_fashion_mnist(dir.path(), false); },
-                                      {"holds u8 [1, 2, 2], expected u8 (N, 28, 28) images"}));
+                                      {"declares u8 [1, 2, 2], expected u8 (N, 28, 28) images"}));
   write_fake_fashion_mnist(dir.path(), "t10k", 2, 2, false);
   write_file(dir.file("t10k-labels-idx1-ubyte"), idx_bytes(0x08, {2}, "\x01\x0c"));
   EXPECT_TRUE(throws_with<ValueError>([&] { load_fashion_mnist(dir.path(), false); },
                                       {"label 12 at index 1 is not a class in [0, 10)"}));
+}
+
+// A gzip file whose header declares far more images than the labels file has labels fails on the
+// headers, before its data is decompressed (which would fail later, after allocating for it).
+TEST(FashionMnist, ComparesHeaderCountsBeforeDecompressing) {
+  TempDir dir;
+  write_gz(dir.file("train-images-idx3-ubyte.gz"), idx_bytes(0x08, {5000000, 28, 28}, std::string(784, '\0')));
+  write_gz(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes(0x08, {10}, std::string(10, '\1')));
+  EXPECT_TRUE(throws_with<ValueError>([&] { load_fashion_mnist(dir.path(), true); },
+                                      {dir.file("train-images-idx3-ubyte.gz"), "declares 5000000 images",
+                                       dir.file("train-labels-idx1-ubyte.gz"), "declares 10 labels", "must be equal"}));
+}
+
+TEST(FashionMnist, SaysWhatIsThereInsteadOfAFile) {
+  TempDir dir;
+  write_fake_fashion_mnist(dir.path(), "t10k", 2, 2, false);
+  std::filesystem::create_directory(dir.file("train-images-idx3-ubyte"));
+  EXPECT_TRUE(throws_with<ValueError>([&] { load_fashion_mnist(dir.path(), true); },
+                                      {dir.file("train-images-idx3-ubyte"), "is a directory", "expected a regular"}));
+  std::filesystem::remove(dir.file("t10k-labels-idx1-ubyte"));
+  ASSERT_EQ(::mkfifo(dir.file("t10k-labels-idx1-ubyte").c_str(), 0600), 0);
+  EXPECT_TRUE(throws_with<ValueError>([&] { load_fashion_mnist(dir.path(), false); },
+                                      {dir.file("t10k-labels-idx1-ubyte"), "is a FIFO", "expected a regular"}));
+  EXPECT_TRUE(throws_with<ValueError>([] { read_idx("/dev/null"); },
+                                      {"'/dev/null' is a character device", "expected a regular"}));
 }
 
 TEST(FashionMnist, DefaultDirectoryFollowsTandemDataDir) {

@@ -428,5 +428,24 @@ TEST(Ddp, SamplerShardsDisjointlyAndUnevenDataDoesNotHang) {
   EXPECT_EQ(dropping.indices(0).size(), 3u);
 }
 
+// Padding comes last on each rank, and num_real_samples counts the rest: 7 samples over any
+// world sum to 7 real ones, the first num_real_samples of every rank's indices all distinct.
+TEST(Ddp, SamplerCountsRealSamplesWithoutPadding) {
+  for (int world = 1; world <= 4; ++world) {
+    int64_t total = 0;
+    std::set<int64_t> seen;
+    for (int rank = 0; rank < world; ++rank) {
+      dist::DistributedSampler sampler(7, rank, world, true, 3);
+      std::vector<int64_t> mine = sampler.indices(0);
+      ASSERT_LE(sampler.num_real_samples(), sampler.num_samples());
+      total += sampler.num_real_samples();
+      seen.insert(mine.begin(), mine.begin() + sampler.num_real_samples());
+    }
+    EXPECT_EQ(total, 7) << "world of " << world;
+    EXPECT_EQ(seen.size(), 7u) << "world of " << world;
+  }
+  EXPECT_EQ(dist::DistributedSampler(2, 3, 4, false).num_real_samples(), 0);  // more ranks than samples
+}
+
 }  // namespace
 }  // namespace tandem

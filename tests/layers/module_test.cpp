@@ -219,3 +219,24 @@ TEST(Losses, CrossEntropyWithLabelSmoothingMatchesTheFormula) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(Layers, LayerNormTakesTheSizeOfTheLastDim) {
+  nn::LayerNorm by_size(6), by_shape(Shape{6});
+  EXPECT_EQ(by_size.normalized_shape, (Shape{6}));
+  Tensor x = testing::random_tensor({3, 6}, DType::f32);
+  EXPECT_TRUE(testing::all_close(by_size.forward(x), by_shape.forward(x), 1e-6, 1e-6));
+}
+
+TEST(Layers, SiLUAndSoftplusAreTheirFunctions) {
+  Tensor x = testing::random_uniform({4, 5}, -4.0, 4.0);
+  nn::SiLU silu_layer;
+  nn::Softplus softplus_layer(2.0, 3.0);
+  EXPECT_TRUE(testing::all_close(silu_layer.forward(x), silu(x), 0, 0));
+  EXPECT_TRUE(testing::all_close(softplus_layer.forward(x), softplus(x, 2.0, 3.0), 0, 0));
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,8 +1,6 @@
 // GradScaler and master weights: the scale trajectory against PyTorch's documented rule, skipped
 // steps, the call-order errors, state round trips, and f32 master weights for 16-bit parameters.
 #include <cmath>
-#include <cstdio>
-#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -13,7 +11,6 @@
 #include "tandem/core/views.h"
 #include "tandem/layers/layers.h"
 #include "tandem/optim/adamw.h"
-#include "tandem/optim/checkpoint.h"
 #include "tandem/optim/sgd.h"
 #include "tandem/tandem.h"
 
@@ -256,34 +253,6 @@ TEST(MasterWeights, AdamWOnBf16FollowsF32) {
   Tensor master = a16.state_dict().tensors.at("state.0.master");
   EXPECT_TRUE(testing::all_close(master, p32, 1e-6, 1e-6));
   EXPECT_TRUE(testing::all_close(p16, kernels::to_dtype(p32, DType::bf16), 0.0, 0.0));
-}
-
-// A bf16 model's checkpoint carries the optimizer's f32 masters and the scaler's state.
-TEST(MasterWeights, CheckpointCarriesMastersAndTheScaler) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("tandem_amp_ckpt_" + std::to_string(testing::next_seed()))).string();
-  manual_seed(5);
-  nn::Linear a(4, 3, true, DType::bf16);
-  optim::AdamW adamw(a.parameters(), optim::AdamWOptions{1e-2});
-  GradScalerOptions options;
-  options.init_scale = 128.0;
-  GradScaler scaler(Device(), options);
-  Tensor x = kernels::to_dtype(testing::random_tensor({2, 4}), DType::bf16);
-  scaler.scale(sum(a.forward(x))).backward();
-  scaler.step(adamw);
-  scaler.update();
-  optim::save_checkpoint(path, a, &adamw, {0, 1}, {}, &scaler);
-
-  nn::Linear b(4, 3, true, DType::bf16);
-  optim::AdamW adamw_b(b.parameters(), optim::AdamWOptions{1e-2});
-  GradScaler scaler_b{Device()};
-  optim::load_checkpoint(path, b, &adamw_b, &scaler_b);
-  std::remove(path.c_str());
-  EXPECT_EQ(scaler_b.get_scale(), 128.0);
-  EXPECT_EQ(scaler_b.get_growth_tracker(), 1);
-  optim::StateDict sa = adamw.state_dict(), sb = adamw_b.state_dict();
-  EXPECT_TRUE(testing::all_close(sb.tensors.at("state.0.master"), sa.tensors.at("state.0.master"), 0.0, 0.0));
-  EXPECT_EQ(sb.metadata.at("state.0.step"), 1.0);
 }
 
 }  // namespace

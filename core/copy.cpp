@@ -1,0 +1,66 @@
+// Copies (with casts, across devices), fills, dtype and device conversion, random fills.
+#include "tandem/core/copy.h"
+
+#include "tandem/core/backend.h"
+#include "tandem/core/kernel_checks.h"
+#include "tandem/core/views.h"
+
+namespace tandem::kernels {
+
+void copy_(const Tensor& dst, const Tensor& src) {
+  Tensor s = views::expand(src, dst.shape());
+  if (dst.numel() == 0) return;
+  if (s.device() == dst.device()) {
+    TANDEM_ROUTE(dst.device(), copy, s, dst);
+    return;
+  }
+  // Across devices: make a contiguous copy on the source device, move its bytes, then lay them
+  // out (and cast) on the destination device.
+  Tensor packed = contiguous(s);
+  Tensor staged = empty(packed.shape(), TensorOptions(packed.dtype(), dst.device()));
+  if (src.device().is_cpu()) {
+    cuda::copy_host_to_device(staged.data_ptr(), packed.data_ptr(), packed.nbytes(), dst.device().index);
+  } else if (dst.device().is_cpu()) {
+    cuda::copy_device_to_host(staged.data_ptr(), packed.data_ptr(), packed.nbytes(), src.device().index);
+  } else {
+    cuda::copy_device_to_device(staged.data_ptr(), dst.device().index, packed.data_ptr(), src.device().index,
+                                packed.nbytes());
+  }
+  TANDEM_ROUTE(dst.device(), copy, staged, dst);
+}
+
+void fill_(const Tensor& dst, double value) {
+  if (dst.numel() == 0) return;
+  TANDEM_ROUTE(dst.device(), fill, dst, value);
+}
+
+Tensor contiguous(const Tensor& x) { return x.is_contiguous() ? x : clone(x); }
+
+Tensor clone(const Tensor& x) {
+  Tensor out = empty(x.shape(), x.options());
+  copy_(out, x);
+  return out;
+}
+
+Tensor to_dtype(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  Tensor out = empty(x.shape(), TensorOptions(dtype, x.device()));
+  copy_(out, x);
+  return out;
+}
+
+Tensor to_device(const Tensor& x, Device device) {
+  if (x.device() == device) return x;
+  Tensor out = empty(x.shape(), TensorOptions(x.dtype(), device));
+  copy_(out, x);
+  return out;
+}
+
+void random_(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2) {
+  check_floating("random", out);
+  TANDEM_CHECK_AS(ValueError, out.is_contiguous(), "random: the output must be contiguous");
+  if (out.numel() == 0) return;
+  TANDEM_ROUTE(out.device(), random, out, kind, seed, offset, p1, p2);
+}
+
+}  // namespace tandem::kernels

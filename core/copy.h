@@ -1,0 +1,27 @@
+#pragma once
+// Copies (with casts, across devices), fills, dtype and device conversion, random fills
+// (device-neutral side). Backends: core/cpu/elementwise.cpp, core/cuda/elementwise.cu, memcpy.cpp.
+#include <cstdint>
+
+#include "tandem/core/tensor.h"
+
+namespace tandem {
+
+enum class RandomKind { uniform, normal, bernoulli };
+
+namespace kernels {
+
+// Copies src into dst elementwise (same shape; casts dtype; any strides; any devices).
+void copy_(const Tensor& dst, const Tensor& src);
+void fill_(const Tensor& dst, double value);
+Tensor contiguous(const Tensor& x);  // x itself if already contiguous
+Tensor clone(const Tensor& x);       // always a fresh contiguous copy
+Tensor to_dtype(const Tensor& x, DType dtype);    // x itself if already that dtype
+Tensor to_device(const Tensor& x, Device device);  // x itself if already there
+
+// Fills `out` (contiguous) from the counter-based generator: element i draws from counter
+// offset + i under key seed, so every device produces the same numbers.
+void random_(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2);
+
+}  // namespace kernels
+}  // namespace tandem

@@ -1,0 +1,26 @@
+#pragma once
+// Layer norm (device-neutral side, core/layer_norm.cpp). Backends: core/cpu/layer_norm.cpp,
+// core/cuda/layer_norm.cu.
+#include "tandem/core/tensor.h"
+
+namespace tandem::kernels {
+
+// ---- layer norm (core/layer_norm.cpp) ----
+// Normalises each row over x's last dim D (biased variance), then scales by weight and shifts by
+// bias, both (D,) in x's dtype or undefined. mean and rstd are (rows,) with rows = numel / D, in
+// f32 (f64 for f64 x); rstd = 1 / sqrt(var + eps).
+struct LayerNormForward {
+  Tensor out;   // like x
+  Tensor mean;  // (rows,)
+  Tensor rstd;  // (rows,)
+};
+LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+struct LayerNormGrads {
+  Tensor x;       // like x
+  Tensor weight;  // (D,), undefined when weight is
+  Tensor bias;    // (D,), undefined unless with_bias
+};
+LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd, bool with_bias);
+
+}  // namespace tandem::kernels

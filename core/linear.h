@@ -1,0 +1,31 @@
+#pragma once
+// The fused linear layer (device-neutral side, core/linear.cpp). Backend: core/cuda/linear.cpp
+// (cuBLASLt epilogues); elsewhere it is composed from matmul and elementwise kernels.
+#include "tandem/core/tensor.h"
+
+namespace tandem {
+
+// The activation a fused linear layer applies to x @ W^T + b (gelu_tanh: GELU's tanh form).
+enum class Activation { none, gelu_tanh };
+
+namespace kernels {
+
+// ---- linear layer (core/linear.cpp): out = act(x @ weight^T + bias) ----
+// x (..., K), weight (N, K), bias (N,) or undefined. On CUDA, cuBLASLt adds the bias and applies
+// the activation in the matmul's epilogue; elsewhere matmul, add and gelu are composed.
+struct LinearForward {
+  Tensor out;  // (..., N)
+  Tensor pre;  // (..., N): the pre-activation x @ W^T + b when act != none, else undefined
+};
+LinearForward linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act);
+struct LinearGrads {
+  Tensor x;       // like x, when asked for
+  Tensor weight;  // (N, K), when asked for
+  Tensor bias;    // (N,), when asked for
+};
+// pre is LinearForward::pre (needed when act != none); x is needed only for the weight's gradient.
+LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& pre,
+                            Activation act, bool need_x, bool need_weight, bool need_bias);
+
+}  // namespace kernels
+}  // namespace tandem

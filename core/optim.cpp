@@ -1,0 +1,164 @@
+// The device-neutral side of the fused optimizer updates and GradScaler's kernels: list checks,
+// grouping by device and dtype, contiguous working copies.
+#include "tandem/core/optim.h"
+
+#include <algorithm>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/kernel_checks.h"
+#include "tandem/core/copy.h"
+
+namespace tandem::kernels {
+
+namespace {
+// The tensors of one fused optimizer update that share a device and a parameter dtype, all
+// contiguous: a parameter in another layout is updated through a copy written back after.
+struct UpdateGroup {
+  UpdateTensors tensors;
+  std::vector<std::pair<Tensor, Tensor>> write_back;  // (parameter, its contiguous working copy)
+};
+
+void check_scalar_f32(const char* op, const char* what, const Tensor& t, const Tensor& p) {
+  TANDEM_CHECK_AS(TypeError, t.dtype() == DType::f32 && t.dim() == 0, op, ": ", what,
+                  " must be a 0-dim f32 tensor, got ", t.dtype(), " of shape ", shape_str(t.shape()));
+  check_same_device(op, p, t);
+}
+
+// Checks the lists of a fused optimizer update and splits them by device and dtype.
+std::vector<UpdateGroup> group_update(const char* op, const UpdateTensors& t, size_t roles, bool with_steps) {
+  const size_t n = t.params.size();
+  TANDEM_CHECK_AS(ValueError, t.grads.size() == n, op, ": ", n, " parameters but ", t.grads.size(), " gradients");
+  TANDEM_CHECK_AS(ValueError, t.states.size() == roles, op, ": expected ", roles, " state lists, got ",
+                  t.states.size());
+  for (const std::vector<Tensor>& role : t.states) {
+    TANDEM_CHECK_AS(ValueError, role.size() == n, op, ": ", n, " parameters but ", role.size(),
+                    " state tensors in one of the state lists");
+  }
+  TANDEM_CHECK_AS(ValueError, !with_steps || t.steps.size() == n, op, ": ", n, " parameters but ", t.steps.size(),
+                  " step counts");
+  TANDEM_CHECK_AS(ValueError, t.masters.empty() || t.masters.size() == n, op, ": ", n, " parameters but ",
+                  t.masters.size(), " master weights (give none or one per parameter)");
+  TANDEM_CHECK_AS(ValueError, t.found_inf.defined() || !t.inv_scale.defined(), op,
+                  ": inv_scale given without found_inf");
+  std::vector<UpdateGroup> groups;
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor& p = t.params[i];
+    const Tensor& g = t.grads[i];
+    check_floating(op, p);
+    check_same_device(op, p, g);
+    check_same_dtype(op, p, g);
+    TANDEM_CHECK_AS(ValueError, g.shape() == p.shape(), op, ": gradient ", i, " has shape ", shape_str(g.shape()),
+                    " but its parameter has shape ", shape_str(p.shape()));
+    const DType state_dtype = optimizer_state_dtype(p.dtype());
+    for (const std::vector<Tensor>& role : t.states) {
+      const Tensor& s = role[i];
+      check_same_device(op, p, s);
+      TANDEM_CHECK_AS(TypeError, s.dtype() == state_dtype, op, ": state tensor ", i, " is ", s.dtype(), " but a ",
+                      p.dtype(), " parameter keeps its state in ", state_dtype);
+      TANDEM_CHECK_AS(ValueError, s.shape() == p.shape(), op, ": state tensor ", i, " has shape ",
+                      shape_str(s.shape()), " but its parameter has shape ", shape_str(p.shape()));
+      TANDEM_CHECK_AS(ValueError, s.is_contiguous(), op, ": state tensor ", i, " must be contiguous");
+    }
+    if (with_steps) check_scalar_f32(op, "a step count", t.steps[i], p);
+    Tensor master = t.masters.empty() ? Tensor() : t.masters[i];
+    if (master.defined()) {
+      check_same_device(op, p, master);
+      TANDEM_CHECK_AS(TypeError, master.dtype() == DType::f32 && is_half(p.dtype()), op, ": master weight ", i,
+                      " is ", master.dtype(), " for a ", p.dtype(), " parameter; master weights are f32, for f16 "
+                      "and bf16 parameters");
+      TANDEM_CHECK_AS(ValueError, master.shape() == p.shape() && master.is_contiguous(), op, ": master weight ", i,
+                      " must be contiguous and of its parameter's shape ", shape_str(p.shape()));
+    }
+    if (t.found_inf.defined()) check_scalar_f32(op, "found_inf", t.found_inf, p);
+    if (t.inv_scale.defined()) check_scalar_f32(op, "inv_scale", t.inv_scale, p);
+    if (p.numel() == 0) continue;
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const UpdateGroup& u) {
+      return u.tensors.params[0].device() == p.device() && u.tensors.params[0].dtype() == p.dtype();
+    });
+    if (it == groups.end()) {
+      UpdateGroup fresh;
+      fresh.tensors.states.resize(roles);
+      fresh.tensors.found_inf = t.found_inf;
+      fresh.tensors.inv_scale = t.inv_scale;
+      groups.push_back(std::move(fresh));
+      it = groups.end() - 1;
+    }
+    UpdateTensors& out = it->tensors;
+    Tensor work = contiguous(p);
+    if (!work.is_same(p)) it->write_back.emplace_back(p, work);
+    out.params.push_back(work);
+    out.grads.push_back(contiguous(g));
+    for (size_t k = 0; k < roles; ++k) out.states[k].push_back(t.states[k][i]);
+    if (with_steps) out.steps.push_back(t.steps[i]);
+    out.masters.push_back(master);
+  }
+  for (UpdateGroup& g : groups) {
+    const auto& m = g.tensors.masters;
+    if (std::none_of(m.begin(), m.end(), [](const Tensor& x) { return x.defined(); })) g.tensors.masters.clear();
+  }
+  return groups;
+}
+
+void finish_update(const UpdateGroup& group) {
+  for (const auto& [param, work] : group.write_back) copy_(param, work);
+}
+}  // namespace
+
+void sgd_step(const UpdateTensors& t, const SgdHyper& h) {
+  const bool momentum = h.momentum != 0.0;
+  TANDEM_CHECK_AS(ValueError, momentum || t.states.empty(), "sgd_step: momentum buffers given but the momentum is 0");
+  TANDEM_CHECK_AS(ValueError, !h.nesterov || (h.momentum > 0.0 && h.dampening == 0.0),
+                  "sgd_step: Nesterov momentum requires a momentum > 0 and zero dampening, got momentum ",
+                  h.momentum, " and dampening ", h.dampening);
+  for (const UpdateGroup& g : group_update("sgd_step", t, momentum ? 1 : 0, false)) {
+    TANDEM_ROUTE(g.tensors.params[0].device(), sgd_step, g.tensors, h);
+    finish_update(g);
+  }
+}
+
+void adamw_step(const UpdateTensors& t, const AdamWHyper& h) {
+  for (const UpdateGroup& g : group_update("adamw_step", t, 2, true)) {
+    TANDEM_ROUTE(g.tensors.params[0].device(), adamw_step, g.tensors, h);
+    finish_update(g);
+  }
+}
+
+void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, const Tensor& inv_scale) {
+  const char* op = "non_finite_check_and_unscale_";
+  // Grouped by device and dtype; gradients in another layout go through a contiguous copy.
+  std::vector<std::vector<Tensor>> groups;
+  std::vector<std::pair<Tensor, Tensor>> write_back;
+  for (const Tensor& g : grads) {
+    check_floating(op, g);
+    check_scalar_f32(op, "found_inf", found_inf, g);
+    if (inv_scale.defined()) check_scalar_f32(op, "inv_scale", inv_scale, g);
+    if (g.numel() == 0) continue;
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const std::vector<Tensor>& u) {
+      return u[0].device() == g.device() && u[0].dtype() == g.dtype();
+    });
+    if (it == groups.end()) it = groups.insert(groups.end(), std::vector<Tensor>());
+    Tensor work = contiguous(g);
+    if (!work.is_same(g) && inv_scale.defined()) write_back.emplace_back(g, work);
+    it->push_back(work);
+  }
+  for (const std::vector<Tensor>& group : groups) {
+    TANDEM_ROUTE(group[0].device(), non_finite_check_and_unscale_, group, found_inf, inv_scale);
+  }
+  for (const auto& [grad, work] : write_back) copy_(grad, work);
+}
+
+void update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf, double growth,
+                   double backoff, int64_t growth_interval) {
+  const char* op = "update_scale_";
+  check_scalar_f32(op, "scale", scale, scale);
+  check_scalar_f32(op, "found_inf", found_inf, scale);
+  TANDEM_CHECK_AS(TypeError, growth_tracker.dtype() == DType::i32 && growth_tracker.dim() == 0, op,
+                  ": growth_tracker must be a 0-dim i32 tensor, got ", growth_tracker.dtype());
+  check_same_device(op, scale, growth_tracker);
+  TANDEM_CHECK_AS(ValueError, growth > 1.0 && backoff > 0.0 && backoff < 1.0 && growth_interval >= 1, op,
+                  ": expected growth > 1, 0 < backoff < 1 and growth_interval >= 1, got ", growth, ", ", backoff,
+                  " and ", growth_interval);
+  TANDEM_ROUTE(scale.device(), update_scale_, scale, growth_tracker, found_inf, growth, backoff, growth_interval);
+}
+
+}  // namespace tandem::kernels

@@ -1,0 +1,97 @@
+// The device-neutral side of reductions: dims, output shapes, the (outer, reduced, inner) layout
+// the backends reduce over.
+#include "tandem/core/reduce.h"
+
+#include <algorithm>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/kernel_checks.h"
+#include "tandem/core/copy.h"
+#include "tandem/core/views.h"
+
+namespace tandem {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::mean: return "mean";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+    case ReduceOp::argmax: return "argmax";
+    case ReduceOp::argmin: return "argmin";
+  }
+  return "reduce";
+}
+
+namespace kernels {
+
+Tensor reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
+  const char* name = reduce_op_name(op);
+  bool arg = op == ReduceOp::argmax || op == ReduceOp::argmin;
+  if (op == ReduceOp::mean) check_floating(name, x);
+  TANDEM_CHECK_AS(ValueError, !arg || dims_in.size() <= 1, name, ": takes one dim or none, got ", dims_in.size());
+  std::vector<int64_t> dims = reduction_dims(dims_in, x.dim(), name);
+  bool flatten = arg && dims_in.empty();  // argmax over all elements indexes the flattened tensor
+  Shape out_shape = flatten ? (keepdim ? Shape(x.dim(), 1) : Shape{}) : reduced_shape(x.shape(), dims, keepdim);
+  TANDEM_CHECK_AS(ValueError, !flatten || x.numel() > 0, name, ": cannot reduce an empty tensor (shape ",
+                  shape_str(x.shape()), ")");
+  for (int64_t d : dims) {
+    TANDEM_CHECK_AS(ValueError, x.shape()[d] > 0 || op == ReduceOp::sum || op == ReduceOp::mean, name,
+                    ": cannot reduce over dim ", d, " of size 0 (an empty tensor of shape ", shape_str(x.shape()),
+                    "): the result would have no value");
+  }
+
+  // Bring the tensor to (outer, reduced, inner): free when the reduced dims are adjacent in a
+  // contiguous tensor, otherwise one permuting copy that moves them last.
+  Tensor src = contiguous(x);
+  bool adjacent = !dims.empty() && dims.back() - dims.front() + 1 == static_cast<int64_t>(dims.size());
+  Shape three;
+  if (flatten || dims.empty()) {
+    three = {1, flatten ? x.numel() : 1, dims.empty() && !flatten ? x.numel() : 1};
+  } else if (adjacent) {
+    int64_t outer = 1, red = 1, inner = 1;
+    for (int64_t d = 0; d < x.dim(); ++d) {
+      if (d < dims.front()) outer *= x.shape()[d];
+      else if (d <= dims.back()) red *= x.shape()[d];
+      else inner *= x.shape()[d];
+    }
+    three = {outer, red, inner};
+  } else {
+    std::vector<int64_t> order;
+    int64_t outer = 1, red = 1;
+    for (int64_t d = 0; d < x.dim(); ++d) {
+      if (std::find(dims.begin(), dims.end(), d) == dims.end()) {
+        order.push_back(d);
+        outer *= x.shape()[d];
+      }
+    }
+    for (int64_t d : dims) {
+      order.push_back(d);
+      red *= x.shape()[d];
+    }
+    src = contiguous(views::permute(x, order));
+    three = {outer, red, 1};
+  }
+  Tensor src3 = src.as_strided(three, contiguous_strides(three), src.offset());
+  DType out_dtype = arg ? DType::i64 : x.dtype();
+  Tensor out = empty(out_shape, TensorOptions(out_dtype, x.device()));
+  Tensor out2 = out.as_strided({three[0], three[2]}, contiguous_strides({three[0], three[2]}), 0);
+  TANDEM_ROUTE(x.device(), reduce, op, src3, out2);
+  return out;
+}
+
+Tensor sum_to(const Tensor& grad, const Shape& shape) {
+  if (grad.shape() == shape) return grad;
+  int64_t lead = grad.dim() - static_cast<int64_t>(shape.size());
+  TANDEM_CHECK_AS(ValueError, lead >= 0, "sum_to: cannot sum shape ", shape_str(grad.shape()), " down to ",
+                  shape_str(shape));
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < grad.dim(); ++d) {
+    if (d < lead || (shape[d - lead] == 1 && grad.shape()[d] != 1)) dims.push_back(d);
+  }
+  Tensor summed = dims.empty() ? grad : reduce(ReduceOp::sum, grad, dims, true);
+  return views::reshape(summed, shape);
+}
+
+}  // namespace kernels
+}  // namespace tandem

@@ -1,0 +1,23 @@
+#pragma once
+// Reductions (device-neutral side). Backends: core/cpu/reduce.cpp, core/cuda/reduce.cu.
+#include <cstdint>
+#include <vector>
+
+#include "tandem/core/tensor.h"
+
+namespace tandem {
+
+enum class ReduceOp { sum, mean, max, min, argmax, argmin };
+
+const char* reduce_op_name(ReduceOp op);
+
+namespace kernels {
+
+// Reduces `dims` (empty: all); argmax/argmin take exactly one dim (or none: over the flattened
+// tensor) and return i64.
+Tensor reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
+// Sums a broadcast gradient back down to `shape` (the inverse of expanding shape to grad's).
+Tensor sum_to(const Tensor& grad, const Shape& shape);
+
+}  // namespace kernels
+}  // namespace tandem

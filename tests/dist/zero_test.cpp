@@ -1,0 +1,419 @@
+// ZeRO stages 1 and 2 against plain DDP (stage 0) under mpirun -np 2, 3 and 4 (and alone): the
+// same parameters after 20 AdamW steps, with 16-bit models and master weights, a GradScaler step
+// that overflows, clipping, gradient accumulation, and a state that moves between world sizes.
+#include <cmath>
+#include <limits>
+
+#include "dist/dist_test_util.h"
+#include "examples/fashion_mnist/models.h"
+#include "support/test_util.h"
+#include "tandem/amp/grad_scaler.h"
+#include "tandem/dist/timeline.h"
+#include "tandem/dist/zero.h"
+#include "tandem/models/gpt2.h"
+#include "tandem/optim/adamw.h"
+#include "tandem/optim/clip.h"
+#include "tandem/optim/schedule.h"
+#include "tandem/optim/sgd.h"
+
+namespace tandem {
+namespace {
+
+using dist::DistributedDataParallel;
+using dist::ZeroRedundancyOptimizer;
+
+Device test_device() { return dist::world().gpu_group ? dist::world().device : Device("cpu"); }
+
+struct Workload {
+  std::function<std::shared_ptr<nn::Module>(TensorOptions)> make;
+  // Rank r's batch at step s: input and integer class targets.
+  std::function<std::pair<Tensor, Tensor>(int64_t step, int rank)> batch;
+  std::function<Tensor(const Tensor& output, const Tensor& target)> loss;
+};
+
+Tensor classification_loss(const Tensor& out, const Tensor& target) {
+  const int64_t classes = out.shape().back();
+  return cross_entropy(reshape(out, {out.numel() / classes, classes}), reshape(target, {target.numel()}));
+}
+
+Workload image_workload(const std::string& model) {
+  Workload w;
+  w.make = [model](TensorOptions o) -> std::shared_ptr<nn::Module> { return fashion::make_model(model, o); };
+  w.batch = [](int64_t step, int rank) {
+    Generator gen(1000 + 31 * step + rank);
+    return std::make_pair(randn({4, 1, 28, 28}, DType::f32, &gen), randint(0, 10, {4}, DType::i64, &gen));
+  };
+  w.loss = classification_loss;
+  return w;
+}
+
+Workload gpt2_workload() {
+  models::GPT2Config config;
+  config.n_layer = 2;
+  config.n_head = 2;
+  config.n_embd = 32;
+  config.vocab_size = 64;
+  config.block_size = 16;
+  Workload w;
+  w.make = [config](TensorOptions o) -> std::shared_ptr<nn::Module> { return std::make_shared<models::GPT2>(config, o); };
+  w.batch = [](int64_t step, int rank) {
+    Generator gen(2000 + 31 * step + rank);
+    return std::make_pair(randint(0, 64, {2, 16}, DType::i64, &gen), randint(0, 64, {2, 16}, DType::i64, &gen));
+  };
+  w.loss = classification_loss;
+  return w;
+}
+
+struct RunOptions {
+  int stage = 0;
+  DType dtype = DType::f32;
+  int steps = 20;
+  double clip = 0;               // max_norm, 0 for none
+  bool scaler = false;           // f16: a GradScaler, with an overflow on rank 0 at overflow_step
+  int64_t overflow_step = -1;
+  int accumulate = 1;            // micro-batches per step (the first ones under no_sync)
+  bool sgd = false;
+  bool schedule = false;         // warm-up and cosine decay, stepped through the optimizer's groups
+  Device device = test_device();
+};
+
+struct RunResult {
+  std::vector<Tensor> params;  // f64 copies on the cpu, in registration order
+  std::vector<double> norms;   // clip_grad_norm_'s result per step
+  std::vector<bool> skipped;   // the scaler's found_inf per step
+  int64_t state_bytes = 0;
+};
+
+RunResult train(const Workload& work, const RunOptions& run) {
+  const dist::World& w = dist::world();
+  const Device device = run.device;
+  manual_seed(77);
+  auto model = work.make(TensorOptions(run.dtype, device));
+  dist::DdpOptions ddp_options;
+  ddp_options.zero_stage = run.stage;
+  ddp_options.first_bucket_mb = 0.01;  // several buckets even for small models
+  ddp_options.bucket_cap_mb = 0.05;
+  DistributedDataParallel ddp(model, ddp_options);
+  std::unique_ptr<optim::Optimizer> made;
+  if (run.sgd) made = std::make_unique<optim::SGD>(model->parameters(), optim::SgdOptions{0.01, 0.9});
+  else made = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{1e-3, 0.9, 0.999, 1e-8, 0.01});
+  std::unique_ptr<ZeroRedundancyOptimizer> zero;
+  optim::Optimizer* opt = made.get();
+  if (run.stage > 0) {
+    zero = std::make_unique<ZeroRedundancyOptimizer>(ddp, std::move(made));
+    opt = zero.get();
+  }
+  amp::GradScalerOptions scaler_options;
+  scaler_options.init_scale = 1024.0;
+  scaler_options.enabled = run.scaler;
+  amp::GradScaler scaler(device, scaler_options);
+  optim::WarmupCosineLR schedule(3, std::max(run.steps, 4), 1e-5);
+  if (run.schedule) schedule.apply(*opt, 0);
+  RunResult result;
+  for (int64_t s = 0; s < run.steps; ++s) {
+    opt->zero_grad();
+    for (int m = 0; m < run.accumulate; ++m) {
+      auto [x, y] = work.batch(s * run.accumulate + m, w.rank);
+      if (s == run.overflow_step && w.rank == 0 && m == 0) x.data<float>()[0] = std::numeric_limits<float>::infinity();
+      if (is_floating(x.dtype())) x = to(x, run.dtype);
+      auto backward = [&] { scaler.scale(work.loss(ddp(to(x, device)), to(y, device))).backward(); };
+      if (m + 1 < run.accumulate) {
+        auto guard = ddp.no_sync();
+        backward();
+      } else {
+        backward();
+      }
+    }
+    if (run.clip > 0) {
+      scaler.unscale_(*opt);
+      Tensor norm = zero ? zero->clip_grad_norm_(run.clip) : optim::clip_grad_norm_(model->parameters(), run.clip);
+      result.norms.push_back(norm.item_double());
+    }
+    scaler.step(*opt);
+    if (run.scaler) result.skipped.push_back(scaler.found_inf());
+    scaler.update();
+    if (run.schedule) schedule.step(*opt);
+  }
+  if (zero) zero->wait_for_parameters();
+  for (const Tensor& p : model->parameters()) result.params.push_back(kernels::to_dtype(kernels::to_device(p, Device()), DType::f64));
+  result.state_bytes = opt->state_bytes();
+  return result;
+}
+
+// The largest, over parameters, of max |a - b| / max |b| (the parameter's difference relative to
+// its own scale).
+double max_relative_difference(const RunResult& a, const RunResult& b) {
+  double worst = 0;
+  EXPECT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size() && i < b.params.size(); ++i) {
+    std::vector<double> x = a.params[i].to_double_vector(), y = b.params[i].to_double_vector();
+    double difference = 0, scale = 0;
+    for (size_t k = 0; k < x.size(); ++k) {
+      difference = std::max(difference, std::abs(x[k] - y[k]));
+      scale = std::max(scale, std::abs(y[k]));
+    }
+    worst = std::max(worst, scale > 0 ? difference / scale : difference);
+  }
+  return worst;
+}
+
+bool bitwise_equal(const RunResult& a, const RunResult& b) {
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    if (!testing::all_close(a.params[i], b.params[i], 0.0, 0.0)) return false;
+  }
+  return a.params.size() == b.params.size();
+}
+
+// Stage 1 all-reduces exactly as stage 0 does and runs the same elementwise kernels: bitwise on
+// the CPU (the clipping norm sums the shards' parts in another order, but in f64, so its f32
+// value is the same; on GPUs, library kernels such as cuDNN's weight gradients need not sum in the
+// same order twice). Stage 2's reduce-scatter may sum in another order: within `tolerance`
+// relative.
+void expect_stages_match(const Workload& work, RunOptions run, double tolerance) {
+  run.stage = 0;
+  RunResult reference = train(work, run);
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    run.stage = stage;
+    RunResult sharded = train(work, run);
+    if (stage == 1 && !run.device.is_cuda()) EXPECT_TRUE(bitwise_equal(sharded, reference));
+    EXPECT_LE(max_relative_difference(sharded, reference), tolerance);
+    EXPECT_EQ(sharded.skipped, reference.skipped);
+    for (size_t k = 0; k < reference.norms.size(); ++k) {
+      if (!std::isfinite(reference.norms[k])) {  // the overflowing step
+        EXPECT_FALSE(std::isfinite(sharded.norms[k]));
+        continue;
+      }
+      EXPECT_NEAR(sharded.norms[k], reference.norms[k], 1e-5 * reference.norms[k]);
+    }
+  }
+}
+
+TEST(Zero, MlpMatchesStageZeroAfter20AdamWSteps) { expect_stages_match(image_workload("mlp"), RunOptions{}, 1e-6); }
+
+TEST(Zero, CnnWithBatchNormMatchesStageZero) { expect_stages_match(image_workload("cnn"), RunOptions{}, 1e-6); }
+
+TEST(Zero, SmallGpt2MatchesStageZero) { expect_stages_match(gpt2_workload(), RunOptions{}, 1e-6); }
+
+TEST(Zero, ClippedGradientsMatchStageZero) {
+  RunOptions run;
+  run.clip = 0.05;  // below the gradients' norm: every step clips
+  expect_stages_match(image_workload("mlp"), run, 1e-6);
+}
+
+TEST(Zero, LearningRateScheduleMatchesStageZero) {
+  RunOptions run;
+  run.schedule = true;
+  expect_stages_match(image_workload("cnn"), run, 1e-6);
+}
+
+TEST(Zero, SgdWithMomentumMatchesStageZero) {
+  RunOptions run;
+  run.sgd = true;
+  expect_stages_match(image_workload("mlp"), run, 1e-6);
+}
+
+TEST(Zero, GradientAccumulationUnderNoSyncMatchesStageZero) {
+  RunOptions run;
+  run.accumulate = 3;
+  run.steps = 6;
+  expect_stages_match(gpt2_workload(), run, 1e-6);
+}
+
+// bf16 parameters, f32 master weights in the shards. The bf16 gradients' average may round
+// differently when reduce-scattered: stage 2 within bf16 rounding.
+TEST(Zero, Bf16WithMasterWeightsMatchesStageZero) {
+  RunOptions run;
+  run.dtype = DType::bf16;
+  expect_stages_match(gpt2_workload(), run, 2e-2);
+}
+
+// f16 with a GradScaler: the overflow on rank 0 at step 3 lies in one rank's shard only, yet
+// every rank skips that step (the flag's max over ranks), as in stage 0.
+TEST(Zero, F16GradScalerOverflowIsSkippedOnEveryRank) {
+  RunOptions run;
+  run.dtype = DType::f16;
+  run.scaler = true;
+  run.overflow_step = 3;
+  run.steps = 8;
+  run.clip = 1.0;
+  RunResult reference = train(image_workload("mlp"), run);
+  ASSERT_EQ(reference.skipped.size(), 8u);
+  EXPECT_TRUE(reference.skipped[3]);
+  EXPECT_FALSE(reference.skipped[2]);
+  expect_stages_match(image_workload("mlp"), run, 2e-2);
+}
+
+// Each rank keeps 1/N of the state (plus the padding of its buckets' shards).
+TEST(Zero, OptimizerStateIsOneNthOfStageZero) {
+  const int n = dist::world().size;
+  RunOptions run;
+  run.steps = 1;
+  RunResult full = train(image_workload("mlp"), run);
+  for (int stage : {1, 2}) {
+    run.stage = stage;
+    RunResult sharded = train(image_workload("mlp"), run);
+    // Moments (2 x 4 bytes per element) plus a 4-byte step count per piece: within a few
+    // hundred bytes of full / n.
+    EXPECT_LE(sharded.state_bytes, full.state_bytes / n + 8 * n * 8 + 64 * 4);
+    EXPECT_GE(sharded.state_bytes, full.state_bytes / n - 8 * n * 8 - 64 * 4);
+  }
+}
+
+// The unsharded state, gathered under ZeRO, equals stage 0's; loaded into a ZeRO optimizer (here
+// at the same world size; the example's test moves it between sizes) it continues exactly.
+TEST(Zero, StateDictIsTheUnshardedStateAndLoadsBack) {
+  const Workload work = gpt2_workload();
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    manual_seed(5);
+    auto model = work.make(TensorOptions(DType::f32, test_device()));
+    auto reference = work.make(TensorOptions(DType::f32, test_device()));
+    {
+      NoGradGuard no_grad;
+      for (size_t i = 0; i < model->parameters().size(); ++i) {
+        kernels::copy_(reference->parameters()[i], model->parameters()[i]);
+      }
+    }
+    dist::DdpOptions zero_options;
+    zero_options.zero_stage = stage;
+    zero_options.first_bucket_mb = 0.01;
+    DistributedDataParallel ddp(model, zero_options);
+    DistributedDataParallel plain(reference);
+    ZeroRedundancyOptimizer zero(ddp, std::make_unique<optim::AdamW>(model->parameters()));
+    optim::AdamW adamw(reference->parameters());
+    for (int64_t s = 0; s < 3; ++s) {
+      auto [x, y] = work.batch(s, dist::world().rank);
+      zero.zero_grad();
+      adamw.zero_grad();
+      work.loss(ddp(to(x, test_device())), to(y, test_device())).backward();
+      work.loss(plain(to(x, test_device())), to(y, test_device())).backward();
+      zero.step();
+      adamw.step();
+    }
+    optim::StateDict gathered = zero.state_dict();
+    optim::StateDict expected = adamw.state_dict();
+    ASSERT_EQ(gathered.tensors.size(), expected.tensors.size());
+    for (auto& [key, t] : expected.tensors) {
+      ASSERT_TRUE(gathered.tensors.count(key)) << key;
+      EXPECT_TRUE(testing::all_close(kernels::to_device(gathered.tensors[key], Device()), kernels::to_device(t, Device()),
+                                     1e-6, 1e-6))
+          << key;
+    }
+    EXPECT_EQ(gathered.metadata, expected.metadata);
+    // Load into a fresh ZeRO optimizer and continue: the same as continuing the plain one.
+    ZeroRedundancyOptimizer resumed(ddp, std::make_unique<optim::AdamW>(model->parameters()));
+    resumed.load_state_dict(expected);
+    auto [x, y] = work.batch(9, dist::world().rank);
+    resumed.zero_grad();
+    adamw.zero_grad();
+    work.loss(ddp(to(x, test_device())), to(y, test_device())).backward();
+    work.loss(plain(to(x, test_device())), to(y, test_device())).backward();
+    resumed.step();
+    adamw.step();
+    resumed.wait_for_parameters();
+    for (size_t i = 0; i < model->parameters().size(); ++i) {
+      EXPECT_TRUE(testing::all_close(kernels::to_device(model->parameters()[i], Device()),
+                                     kernels::to_device(reference->parameters()[i], Device()), 1e-6, 1e-6))
+          << "parameter " << i;
+    }
+  }
+}
+
+// The NCCL path (reduce-scatter and all-gather on the communication stream, the compute stream
+// waiting on events) against the MPI path on the CPU, from the same start and the same batches.
+TEST(ZeroCuda, Stage2OnTheGpuMatchesTheCpu) {
+  if (!dist::world().gpu_group) GTEST_SKIP() << "needs a GPU per rank (an NCCL group)";
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    RunOptions run;
+    run.stage = 2;
+    run.steps = 10;
+    run.clip = 0.05;
+    run.dtype = dtype;
+    run.device = Device("cpu");
+    RunResult cpu = train(gpt2_workload(), run);
+    run.device = dist::world().device;
+    RunResult gpu = train(gpt2_workload(), run);
+    EXPECT_LE(max_relative_difference(gpu, cpu), dtype == DType::f32 ? 1e-4 : 3e-2);
+  }
+}
+
+// The Fashion-MNIST MLP under ZeRO with several buckets.
+struct ShardedMlp {
+  explicit ShardedMlp(int stage) {
+    model = fashion::make_mlp(TensorOptions(DType::f32, test_device()));
+    dist::DdpOptions options;
+    options.zero_stage = stage;
+    options.first_bucket_mb = 0.01;
+    ddp = std::make_unique<DistributedDataParallel>(model, options);
+    zero = std::make_unique<ZeroRedundancyOptimizer>(*ddp, std::make_unique<optim::AdamW>(model->parameters()));
+  }
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<ZeroRedundancyOptimizer> zero;
+};
+
+TEST(Zero, StatsCountOneGatherPerBucket) {
+  manual_seed(3);
+  ShardedMlp sharded(2);
+  const std::shared_ptr<nn::Sequential>& model = sharded.model;
+  DistributedDataParallel& ddp = *sharded.ddp;
+  ZeroRedundancyOptimizer& zero = *sharded.zero;
+  auto [x, y] = image_workload("mlp").batch(0, dist::world().rank);
+  classification_loss(ddp(to(x, test_device())), to(y, test_device())).backward();
+  // Stage 2: the full gradients are gone after backward; this rank's shard remains.
+  for (const Tensor& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+  zero.step();
+  const dist::ZeroStats& stats = zero.stats();
+  EXPECT_EQ(stats.gathers, static_cast<int64_t>(ddp.bucket_plan().size()));
+  EXPECT_GE(stats.hidden_fraction, 0.0);
+  EXPECT_LE(stats.hidden_fraction, 1.0);
+}
+
+// Runs `f`, expecting a ValueError whose message contains `text`.
+void expect_value_error(const std::function<void()>& f, const std::string& text) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one saying \"" << text << "\"";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
+// A recorded step shows each bucket's all-gather on the communication track and the next
+// forward's wait for them on the compute track.
+TEST(Zero, TimelineShowsTheAllGathersAndTheWaitForThem) {
+  manual_seed(4);
+  ShardedMlp sharded(1);
+  DistributedDataParallel& ddp = *sharded.ddp;
+  ZeroRedundancyOptimizer& zero = *sharded.zero;
+  dist::Timeline timeline(test_device());
+  zero.set_timeline(&timeline);
+  auto [x, y] = image_workload("mlp").batch(0, dist::world().rank);
+  timeline.start();
+  classification_loss(ddp(to(x, test_device())), to(y, test_device())).backward();
+  zero.step();
+  ddp(to(x, test_device()));
+  timeline.stop();
+  int64_t gathers = 0, waits = 0;
+  for (const dist::TimelineSpan& span : timeline.spans()) {
+    if (span.name.rfind("all_gather bucket ", 0) == 0 && span.track == "communication") ++gathers;
+    if (span.name == "wait for parameters" && span.track == "compute") ++waits;
+  }
+  EXPECT_EQ(gathers, static_cast<int64_t>(ddp.bucket_plan().size()));
+  EXPECT_EQ(waits, 1);
+}
+
+TEST(Zero, ClearErrors) {
+  auto model = fashion::make_mlp(TensorOptions(DType::f32, test_device()));
+  DistributedDataParallel plain(model);
+  expect_value_error([&] { ZeroRedundancyOptimizer(plain, std::make_unique<optim::AdamW>(model->parameters())); },
+                     "zero_stage 0");
+  dist::DdpOptions bad;
+  bad.zero_stage = 3;
+  expect_value_error([&] { DistributedDataParallel(model, bad); }, "zero_stage is 3");
+}
+
+}  // namespace
+}  // namespace tandem
