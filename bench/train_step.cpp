@@ -13,10 +13,12 @@
 //   train_step --device cpu --batch 8 --steps 3 --warmup 1
 //   train_step --workload gpt2 --precision bf16 --profile gpt2.json   (step profile for bench/scaling_model)
 //   mpirun -np 4 train_step --workload gpt2 --precision bf16 --bucket-mb auto --topology h200x4
+//   train_step --workload gpt2 --precision bf16 --dist-checks on    (then off: what the checks cost)
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -60,6 +62,10 @@ struct Config {
   int zero = 0;       // ZeRO stage: 0 (plain DDP), 1 (sharded optimizer state), 2 (and sharded gradients)
   std::string trace;  // when set: a Chrome trace of one more step after warm-up (bench/step_trace.h)
   std::string profile;  // when set: the step profile of one more step after warm-up (bench/step_profile.h)
+  // "on"/"off": train through DDP even in a world of one, with the cross-rank checks of the
+  // collectives every step (on) or none (off), to measure what the checks cost. "" (default): DDP
+  // only under mpirun, with its default checks.
+  std::string dist_checks;
 };
 
 double median(std::vector<double> v) {
@@ -69,6 +75,8 @@ double median(std::vector<double> v) {
 }
 
 int run_benchmark(const Config& cfg) {
+  // Off also means the MPI group posts collectives without exchanging their fingerprints first.
+  if (cfg.dist_checks == "off") setenv("TANDEM_DIST_DEBUG", "off", 0);
   const dist::World& world = dist::init();
   const bool lead = world.rank == 0;
   const Device device = cfg.device == "cuda" && world.device.is_cuda() ? world.device : Device(cfg.device);
@@ -135,8 +143,9 @@ int run_benchmark(const Config& cfg) {
                                                                     : nlohmann::ordered_json(std::stod(cfg.bucket_mb));
   const dist::scaling::ModelParameters model_parameters;  // bench/scaling_model --calibrate's defaults
   dist::BucketPlan auto_plan;
-  if (world.size > 1 || cfg.zero > 0) {
+  if (world.size > 1 || cfg.zero > 0 || !cfg.dist_checks.empty()) {
     dist::DdpOptions options;
+    if (cfg.dist_checks == "off") options.check_collectives_every = 0;
     if (cfg.bucket_mb == "auto") {
       // Each rank profiles its own step before DDP exists (a scratch optimizer, so the real one
       // starts fresh; DDP then broadcasts rank 0's parameters), rank 0 plans and broadcasts.
@@ -226,7 +235,8 @@ int run_benchmark(const Config& cfg) {
                 {"overlap_optimizer", !cfg.no_overlap_optimizer && !precision.grad_scaler && cfg.zero == 0},
                 {"buckets", st.buckets},            {"bytes", st.bytes},
                 {"comm_ms", st.comm_ms},            {"exposed_ms", st.exposed_ms},
-                {"hidden_fraction", st.hidden_fraction}};
+                {"hidden_fraction", st.hidden_fraction},
+                {"dist_checks", cfg.dist_checks.empty() ? "default" : cfg.dist_checks}};
     if (cfg.bucket_mb == "auto") {
       ddp_json["bucket_plan"] = {{"chosen", auto_plan.chosen},
                                  {"topology", cfg.topology},
@@ -370,6 +380,10 @@ int main(int argc, char** argv) {
   app.add_option("--profile", cfg.profile,
                  "after warm-up, profile one more step (forward, backward, optimizer, each gradient's ready time) "
                  "and write it here as JSON for bench/scaling_model");
+  app.add_option("--dist-checks", cfg.dist_checks,
+                 "on or off: train through DistributedDataParallel even on one rank, comparing the ranks' "
+                 "collectives every step (on) or never (off), to measure the checks' cost")
+      ->check(CLI::IsMember({"on", "off"}));
   CLI11_PARSE(app, argc, argv);
   try {
     return run_benchmark(cfg);

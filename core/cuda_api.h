@@ -34,6 +34,51 @@ void empty_cache(int device = 0);
 // that leaves an output element unwritten shows up as NaN.
 void set_poison_allocations(bool enabled);
 
+// Streams as opaque handles (a cudaStream_t), for code that hands them to another CUDA library
+// (NCCL) without including CUDA headers.
+using StreamHandle = void*;
+StreamHandle current_stream_handle(int device);  // tandem's compute stream unless a StreamGuard says otherwise
+// A non-blocking stream at the device's highest priority, made once per device and kept for the
+// process (collectives use it, so that they travel while the compute stream is busy).
+StreamHandle high_priority_stream(int device);
+
+// cudaSetDevice: `device` is the calling thread's current device from now on.
+void set_device(int device);
+
+// Makes `device` current for the scope and restores the previous device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// Runs kernels of this thread on `stream` (for `device`) for the scope.
+class StreamGuard {
+ public:
+  StreamGuard(int device, StreamHandle stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  int device_;
+  StreamHandle previous_;
+};
+
+// Names an NVTX range for the scope, so a profiler timeline reads like the code (no-op without CUDA).
+class ProfilerRange {
+ public:
+  explicit ProfilerRange(const char* name);
+  ~ProfilerRange();
+  ProfilerRange(const ProfilerRange&) = delete;
+  ProfilerRange& operator=(const ProfilerRange&) = delete;
+};
+
 // A CUDA event, usable without CUDA headers: marks a point in a device's current stream, to
 // time device work or wait for it.
 class Event {
@@ -43,9 +88,11 @@ class Event {
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
   void record(int device);                   // on the device's current stream
+  void record_on(StreamHandle stream);       // on `stream` (of the current device)
   void wait(int device) const;               // the device's current stream waits for it (host does not block)
+  void wait_on(StreamHandle stream) const;   // `stream` waits for it (host does not block)
   void synchronize() const;                  // the host waits for it
-  bool query() const;                        // reached yet?
+  bool query() const;                        // reached yet? A CUDA error raises a BackendError
   double elapsed_ms(const Event& end) const;  // both recorded and reached
   bool recorded() const { return recorded_; }
 

@@ -13,6 +13,7 @@
 #include "tandem/core/random.h"
 #include "tandem/core/views.h"
 #include "tandem/dist/bucket_plan.h"
+#include "tandem/dist/parameter_check.h"
 #include "tandem/dist/timeline.h"
 #include "tandem/optim/optimizer.h"
 
@@ -89,8 +90,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   check_same_model_everywhere();
   {
     NoGradGuard no_grad;
-    broadcast_from_rank0(module_->parameters());
-    broadcast_from_rank0(module_->buffers());
+    broadcast_from_rank0(module_->parameters(), "ddp parameters from rank 0");
+    broadcast_from_rank0(module_->buffers(), "ddp buffers from rank 0");
   }
   coalesce_buffers();
   build_buckets();
@@ -112,7 +113,7 @@ void DistributedDataParallel::check_same_model_everywhere() {
   int size = cpu.size();
   Tensor count = from_vector(std::vector<int64_t>{static_cast<int64_t>(params_.size())});
   Tensor counts = empty({size}, DType::i64);
-  cpu.all_gather(counts, count)->synchronize();
+  cpu.all_gather(counts, count, "ddp parameter count")->synchronize();
   std::vector<int64_t> all_counts = counts.to_vector<int64_t>();
   for (int r = 0; r < size; ++r) {
     TANDEM_CHECK_AS(ValueError, all_counts[r] == static_cast<int64_t>(params_.size()),
@@ -125,7 +126,7 @@ void DistributedDataParallel::check_same_model_everywhere() {
   if (hashes.empty()) return;
   Tensor mine = from_vector(hashes);
   Tensor all = empty({size * static_cast<int64_t>(hashes.size())}, DType::i64);
-  cpu.all_gather(all, mine)->synchronize();
+  cpu.all_gather(all, mine, "ddp parameter names and shapes")->synchronize();
   std::vector<int64_t> all_hashes = all.to_vector<int64_t>();
   for (size_t i = 0; i < hashes.size(); ++i) {
     for (int r = 0; r < size; ++r) {
@@ -136,11 +137,11 @@ void DistributedDataParallel::check_same_model_everywhere() {
   }
 }
 
-void DistributedDataParallel::broadcast_from_rank0(const std::vector<Tensor>& tensors) {
+void DistributedDataParallel::broadcast_from_rank0(const std::vector<Tensor>& tensors, const std::string& label) {
   std::vector<std::shared_ptr<Work>> works;
   for (const Tensor& t : tensors) {
     TANDEM_CHECK_AS(ValueError, t.is_contiguous(), "DistributedDataParallel: parameters and buffers must be contiguous");
-    works.push_back(world().group_for(t.device()).broadcast(t, 0));
+    works.push_back(world().group_for(t.device()).broadcast(t, 0, label));
   }
   for (auto& w : works) w->wait();
 }
@@ -258,7 +259,7 @@ void DistributedDataParallel::build_buckets() {
   Tensor mine = from_vector(std::vector<int64_t>{static_cast<int64_t>(fnv1a(std::string(
       reinterpret_cast<const char*>(plan.data()), plan.size() * sizeof(int64_t))))});
   Tensor all = empty({cpu.size()}, DType::i64);
-  cpu.all_gather(all, mine)->synchronize();
+  cpu.all_gather(all, mine, "ddp bucket plan")->synchronize();
   for (int64_t h : all.to_vector<int64_t>()) {
     TANDEM_CHECK_AS(ValueError, h == mine.item<int64_t>(), "DistributedDataParallel: the bucket plan of rank ",
                     cpu.rank(), " differs from another rank's (different bucket_cap_mb or first_bucket_mb?)");
@@ -304,7 +305,12 @@ Tensor DistributedDataParallel::forward(const Tensor& x) {
   if (options_.broadcast_buffers && group_->size() > 1) {
     NoGradGuard no_grad;
     if (!buffers_coalesced()) coalesce_buffers();
-    broadcast_from_rank0(flat_buffers_);
+    broadcast_from_rank0(flat_buffers_, "buffers");
+  }
+  if (options_.check_parameters_every > 0 && steps_ > 0 && steps_ % options_.check_parameters_every == 0 &&
+      steps_ != parameters_checked_at_) {
+    parameters_checked_at_ = steps_;
+    check_parameters_agree(names_, params_, steps_, world().timeout_seconds);
   }
   attach_gradient_views(false);
   return module_->forward(x);
@@ -314,6 +320,7 @@ void DistributedDataParallel::on_gradient(int64_t index) {
   if (!sync_enabled_) return;
   if (!backward_active_) {
     backward_active_ = true;
+    ++steps_;
     gradients_seen_ = 0;
     next_to_launch_ = 0;
     std::fill(ready_.begin(), ready_.end(), false);
@@ -359,15 +366,16 @@ void DistributedDataParallel::launch(Bucket& b) {
   if (timeline_) timeline_->launching();  // after the cast: where the collective's input is ready
   b.comm_bytes = static_cast<int64_t>(b.comm.nbytes());
   const bool scatter = options_.zero_stage == 2;
+  const std::string label = "ddp bucket " + std::to_string(b.index) + " of step " + std::to_string(steps_);
   if (scatter) {
-    b.work = group_->reduce_scatter(b.shard, b.comm, ReduceOp::avg);
+    b.work = group_->reduce_scatter(b.shard, b.comm, ReduceOp::avg, label);
     // This rank keeps only its shard: the Work holds the full bucket until the collective is done,
     // then it goes back to the allocator. The next forward makes a new one.
     for (int64_t i : b.params) params_[i].set_grad(Tensor());
     b.buffer = Tensor();
     b.comm = Tensor();
   } else {
-    b.work = group_->all_reduce(b.comm, ReduceOp::avg);
+    b.work = group_->all_reduce(b.comm, ReduceOp::avg, label);
   }
   if (timeline_ && timeline_->recording()) {
     timeline_->collective((scatter ? "reduce_scatter bucket " : "all_reduce bucket ") + std::to_string(b.index), b.work,
@@ -405,6 +413,10 @@ void DistributedDataParallel::finish_backward() {
   if (timeline_) timeline_->begin("wait for gradients");
   auto start = std::chrono::steady_clock::now();
   launch_ready_buckets();
+  // Before anything can consume the reduced gradients: did every rank issue the same collectives?
+  if (options_.check_collectives_every > 0 && steps_ % options_.check_collectives_every == 0) {
+    group_->check_in_sync("the optimizer step of step " + std::to_string(steps_));
+  }
   in_flight_ = nullptr;
   timing_->late_wait_begin.reset();
   timing_->late_wait_end.reset();

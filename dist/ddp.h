@@ -40,6 +40,15 @@ struct DdpOptions {
   // ddp.step(optimizer), and call ddp.wait_for_gradients() before anything else that reads every
   // gradient (clip_grad_norm_, a GradScaler: those cannot overlap the step).
   bool overlap_optimizer = false;
+  // Every this many synchronised backwards (1: every step; 0: never) the ranks compare the
+  // collectives they issued (ProcessGroup::check_in_sync, one small host-side all-gather) before
+  // the optimizer can consume the reduced gradients; a rank that issued another collective, skipped
+  // a bucket or reduced another size or dtype stops every rank with an error naming both sides.
+  int64_t check_collectives_every = 1;
+  // Every this many synchronised steps (0: never), at the next forward, the ranks compare a hash of
+  // every parameter (dist/parameter_check.h); a mismatch names the first parameter that differs,
+  // the step, the ranks and the largest difference.
+  int64_t check_parameters_every = 0;
   // ZeRO (dist/zero.h): 0 is plain DDP. 1 and 2 are for a dist::ZeroRedundancyOptimizer made over
   // this DDP: every bucket is padded to a multiple of the world size, so each rank owns an equal,
   // contiguous shard of it. Stage 2 reduce-scatters each bucket as it completes (instead of the
@@ -133,7 +142,6 @@ class DistributedDataParallel {
  private:
   struct Bucket;
   void check_same_model_everywhere();
-  void broadcast_from_rank0(const std::vector<Tensor>& tensors);
   void coalesce_buffers();
   bool buffers_coalesced() const;
   void build_buckets();
@@ -142,6 +150,7 @@ class DistributedDataParallel {
   void launch_ready_buckets();
   void launch(Bucket& bucket);
   void finish_backward();
+  void broadcast_from_rank0(const std::vector<Tensor>& tensors, const std::string& label);
   void allocate(Bucket& bucket);
 
   std::shared_ptr<nn::Module> module_;
@@ -162,6 +171,8 @@ class DistributedDataParallel {
   size_t next_to_launch_ = 0;
   Bucket* in_flight_ = nullptr;  // the bucket overlap_optimizer left in flight after backward
   bool sync_enabled_ = true;
+  int64_t steps_ = 0;  // synchronised backwards so far; the current one's number while it runs
+  int64_t parameters_checked_at_ = 0;
   bool backward_active_ = false;
   DdpStats stats_;
   bool stats_pending_ = false;

@@ -1,9 +1,10 @@
 #pragma once
 // Internal to dist/: what init() needs from each backend, and helpers both backends share. Each
 // backend entry point is implemented by its backend file or, in a build without that backend, by
-// a stub that raises a DeviceError (dist/no_mpi.cpp, dist/no_nccl.cpp, dist/no_cuda_device.cpp).
+// a stub that raises a DeviceError (dist/no_mpi.cpp, dist/no_nccl.cpp).
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,12 +32,20 @@ void check_tensor(const Tensor& t, const Device& device, const std::string& back
                   const char* name);
 // The tensors of one grouped call must not share memory (each would be reduced twice).
 void check_disjoint(const std::vector<Tensor>& tensors, const std::string& backend, const char* op);
-void check_same_dtype(const Tensor& a, const Tensor& b, const std::string& backend, const char* op);
 // True when `part` is exactly `whole`'s slice [rank * part.numel(), (rank + 1) * part.numel()), the
 // in-place layout of all_gather and reduce_scatter. Throws a ValueError when the two overlap in any
 // other way.
 bool is_rank_slice(const Tensor& whole, const Tensor& part, int rank, const std::string& backend, const char* op);
 void check_root(int root, int size, const std::string& backend);
+// bool tensors reduce with max (any) or min (all) only (TypeError).
+void check_reducible(DType dtype, ReduceOp op, const std::string& backend, const char* name);
+// The arguments of all_gather, output (size * n,) and input (n,), and of reduce_scatter, output
+// (n,) and input (size * n,): tensors of one dtype on `device` whose element counts fit. True
+// when the call is in place (the per-rank part is the whole's own slice at rank * n).
+bool check_all_gather(const Tensor& output, const Tensor& input, int rank, int size, const Device& device,
+                      const std::string& backend);
+bool check_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op, int rank, int size,
+                          const Device& device, const std::string& backend);
 
 // ---- MPI (dist/mpi_group.cpp or dist/no_mpi.cpp) ----
 struct MpiWorld {
@@ -49,6 +58,9 @@ MpiWorld mpi_init(double timeout_seconds);
 // timeout) for every rank to reach this point and frees the communicator. Later calls on the
 // group raise.
 void mpi_shutdown_group(ProcessGroup& group);
+// Every rank's `bytes` bytes (rank order), over a communicator that only these host-side checks
+// use; blocks up to `timeout` seconds. A world of one without MPI gets its own bytes back.
+std::vector<uint8_t> host_all_gather(const void* mine, size_t bytes, double timeout);
 // MPI_Finalize, when mpi_init initialised MPI and the shutdown was clean. Otherwise MPI_Finalize
 // could wait forever (for pending collectives, or for a rank that never finalizes), so the process
 // leaves without it and mpirun reports that.
@@ -62,9 +74,5 @@ std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int devic
 // Stops the watchdog, then finalizes and destroys the communicator (aborts it when collectives are
 // still pending). Later calls on the group raise.
 void nccl_shutdown_group(ProcessGroup& group);
-
-// ---- the CUDA device (dist/cuda_device.cpp or dist/no_cuda_device.cpp) ----
-// cudaSetDevice: the process's current device from now on.
-void bind_device(int device);
 
 }  // namespace tandem::dist::internal

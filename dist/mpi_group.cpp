@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -18,6 +17,7 @@
 
 #include "tandem/dist/check.h"
 #include "tandem/dist/internal.h"
+#include "tandem/dist/work_tracker.h"
 
 namespace tandem::dist::internal {
 
@@ -41,23 +41,10 @@ std::string mpi_error_text(int code) {
 
 // The MPI type that carries `dtype` unchanged (16-bit floats as their bits, bool as bytes).
 MPI_Datatype transfer_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::f16:
-    case DType::bf16: return MPI_UINT16_T;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u8:
-    case DType::boolean: return MPI_UINT8_T;
-  }
-  return MPI_BYTE;
-}
-
-MPI_Datatype reduce_type(DType dtype, ReduceOp op, const char* name) {
-  TANDEM_CHECK_AS(TypeError, dtype != DType::boolean || op == ReduceOp::max || op == ReduceOp::min, "mpi ", name,
-                  ": bool tensors reduce with max (any) or min (all), not ", reduce_op_name(op));
-  return transfer_type(dtype);
+  // In DType's order: f32, f64, f16, bf16, i32, i64, u8, bool.
+  const MPI_Datatype types[] = {MPI_FLOAT,   MPI_DOUBLE,  MPI_UINT16_T, MPI_UINT16_T,
+                                MPI_INT32_T, MPI_INT64_T, MPI_UINT8_T,  MPI_UINT8_T};
+  return types[static_cast<int>(dtype)];
 }
 
 // MPI has no 16-bit float types: f16 and bf16 travel as 16-bit integers and reduce through
@@ -127,63 +114,98 @@ void divide_in_place(const Tensor& t, int n) {
   }
 }
 
-struct MpiWorkState {
-  const char* op = "";
-  size_t bytes = 0;
-  std::vector<MPI_Request> requests;
-  std::vector<Tensor> tensors;   // alive until the requests completed
-  std::function<void()> finish;  // once they completed: avg division, copy out of a temporary
-  Clock::time_point started = Clock::now();
-  double elapsed_ms = -1;
-  bool done = false;    // the requests completed
-  bool failed = false;  // wait() raises `error`
-  std::string error;
+using Start = std::function<int(MPI_Request*)>;
+
+// A collective goes through two stages: its fingerprint is all-gathered on the group's fingerprint
+// communicator (queued), and once every rank's fingerprint matched, its data requests are posted on
+// the data communicator (started), in sequence order. A mismatch fails the group before MPI sees
+// collectives of different shapes, which Open MPI's non-blocking progress does not survive.
+struct MpiWork : TrackedWork {
+  std::vector<std::pair<const char*, Start>> starts;  // what posts the data requests
+  std::vector<MPI_Request> requests;                  // the data requests, once started
+  bool data_started = false;
+  MPI_Request fingerprint_request = MPI_REQUEST_NULL;
+  std::vector<Fingerprint> every_fingerprint;  // (size,) once the fingerprint all-gather completed
+  std::function<void()> finish;  // once the requests completed: avg division, copy out of a temporary
 };
 
+// The host-side checks of every group (check_in_sync, detail mode) all-gather on this communicator,
+// which no collective uses. Blocking, with the group's timeout; mpi_mutex() held (released while waiting).
+MPI_Comm check_comm = MPI_COMM_NULL;
+std::vector<uint8_t> all_gather_bytes(const void* mine, size_t bytes, int size, double timeout,
+                                      std::unique_lock<std::mutex>& lock) {
+  std::vector<uint8_t> all(bytes * size);  // (size * bytes,)
+  MPI_Request request = MPI_REQUEST_NULL;
+  TANDEM_MPI_CHECK(MPI_Iallgather(mine, static_cast<int>(bytes), MPI_BYTE, all.data(), static_cast<int>(bytes),
+                                  MPI_BYTE, check_comm, &request));
+  auto start = Clock::now();
+  int flag = 0;
+  int sleep_us = 0;
+  for (;;) {
+    TANDEM_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+    if (flag) return all;
+    if (seconds_since(start) > timeout) {
+      TANDEM_THROW(BackendError, "the cross-rank check of the collectives issued timed out after ",
+                   format_seconds(seconds_since(start)), ": another rank did not reach it (it died, hangs, or ",
+                   "issued a different collective)");
+    }
+    lock.unlock();
+    sleep_us = std::min(std::max(2 * sleep_us, 5), 200);
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+    lock.lock();
+  }
+}
+
 // The group's state, shared with its Works. Every member and method needs mpi_mutex() held.
-class MpiCore : public std::enable_shared_from_this<MpiCore> {
+class MpiCore final : public WorkTracker, public std::enable_shared_from_this<MpiCore> {
  public:
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rank = 0, size = 1;
-  double timeout = 600;
-  std::vector<std::shared_ptr<MpiWorkState>> pending;  // posted and not completed, failed ones too
-  std::string failure;                                 // the group is unusable once set
-  bool shut_down = false;
-  bool stop = false;
-  std::condition_variable wake;
-  std::thread watchdog;
+  MpiCore() : WorkTracker(kBackend, mpi_mutex()) {}
+  MPI_Comm comm = MPI_COMM_NULL;              // the data
+  MPI_Comm fingerprint_comm = MPI_COMM_NULL;  // the fingerprint of each collective
 
-  std::string describe(const MpiWorkState& w) const { return internal::describe(rank, kBackend, w.op, w.bytes); }
-
-  void check_usable(const char* op, size_t bytes) const {
-    if (shut_down || stop) {
-      TANDEM_THROW(BackendError, internal::describe(rank, kBackend, op, bytes),
-                   ": the group was shut down (dist::finalize ran)");
-    }
-    if (!failure.empty()) {
-      TANDEM_THROW(BackendError, internal::describe(rank, kBackend, op, bytes),
-                   " refused: the group failed earlier: ", failure);
-    }
-  }
-
-  [[noreturn]] void raise(const MpiWorkState& w) const { TANDEM_THROW(BackendError, w.error); }
-
-  void fail(const std::string& message, const MpiWorkState* culprit) {
-    if (!failure.empty()) return;
-    failure = message;
-    report_failure(message);
-    for (auto& w : pending) {
-      if (w->done || w->failed) continue;
-      w->failed = true;
-      w->error = w.get() == culprit ? message
-                                    : ::tandem::detail::concat(describe(*w), " was pending for ",
-                                                               format_seconds(seconds_since(w->started)),
-                                                               " when the group failed: ", message);
+  // Starts, in sequence order, every queued collective whose fingerprints have arrived and match.
+  // Also after the group failed: a rank that joins late can then still complete its side.
+  void start_ready() {
+    for (auto& tracked : pending) {
+      auto& w = static_cast<MpiWork&>(*tracked);
+      if (w.data_started || w.done) continue;
+      int flag = 0;
+      int status = MPI_Test(&w.fingerprint_request, &flag, MPI_STATUS_IGNORE);
+      if (status != MPI_SUCCESS) {
+        fail(::tandem::detail::concat(describe(w), ": exchanging its fingerprint failed: ", mpi_error_text(status),
+                                      " (another rank probably died)"),
+             &w);
+        return;
+      }
+      if (!flag) return;
+      bool match = true;
+      for (const Fingerprint& f : w.every_fingerprint) match = match && f.matches(w.fingerprint);
+      if (!match) {
+        fail(mismatch_message(w.every_fingerprint), &w);  // a no-op when the group failed already
+        w.done = true;  // never started: nothing to wait for
+        continue;
+      }
+      start_data(w);
     }
   }
 
-  void progress(MpiWorkState& w) {
-    if (w.done) return;
+  void start_data(MpiWork& w) {
+    w.data_started = true;
+    mark_started(w);
+    for (const auto& [call, start] : w.starts) {
+      MPI_Request request = MPI_REQUEST_NULL;
+      int status = start(&request);
+      if (status != MPI_SUCCESS) {
+        fail(::tandem::detail::concat(describe(w), ": ", call, " failed: ", mpi_error_text(status)), &w);
+        return;
+      }
+      w.requests.push_back(request);
+    }
+    w.starts.clear();
+  }
+
+  void poll(TrackedWork& tracked) override {
+    auto& w = static_cast<MpiWork&>(tracked);
     if (shut_down) {  // MPI may be finalized: never touch the requests again
       if (!w.failed) {
         w.failed = true;
@@ -191,6 +213,10 @@ class MpiCore : public std::enable_shared_from_this<MpiCore> {
                                            "completed");
       }
       return;
+    }
+    if (!w.data_started) {
+      start_ready();
+      if (!w.data_started) return;
     }
     int flag = 0;
     int status = MPI_Testall(static_cast<int>(w.requests.size()), w.requests.data(), &flag, MPI_STATUSES_IGNORE);
@@ -201,7 +227,6 @@ class MpiCore : public std::enable_shared_from_this<MpiCore> {
       flag = 1;  // the requests are finished, in error
     }
     if (!flag) return;
-    w.elapsed_ms = seconds_since(w.started) * 1e3;
     if (w.finish && !w.failed) {
       try {
         w.finish();
@@ -211,144 +236,75 @@ class MpiCore : public std::enable_shared_from_this<MpiCore> {
       }
     }
     w.finish = nullptr;
-    w.tensors.clear();
-    w.done = true;
+    complete(w);
   }
 
-  void progress_all() {
-    for (auto& w : pending) progress(*w);
-    pending.erase(std::remove_if(pending.begin(), pending.end(), [](const auto& w) { return w->done; }),
-                  pending.end());
-  }
-
-  void check_timeouts() {
-    if (!failure.empty()) return;
-    for (auto& w : pending) {
-      if (w->done || w->failed) continue;
-      double waited = seconds_since(w->started);
-      if (waited > timeout) {
-        fail(::tandem::detail::concat(describe(*w), " timed out after ", format_seconds(waited), " (timeout ",
-                                      format_seconds(timeout),
-                                      "): another rank probably died, hangs, or issued a different collective "
-                                      "(every rank must issue the same collectives in the same order); the group is "
-                                      "unusable now"),
+  std::shared_ptr<Work> post(const std::shared_ptr<MpiWork>& w, const Fingerprint& fingerprint,
+                             std::vector<std::pair<const char*, Start>> starts) {
+    check_usable(w->op, w->bytes);
+    w->started = Clock::now();
+    stamp(*w, fingerprint);
+    w->starts = std::move(starts);
+    track(w);  // before starting: a request that started stays tracked even if the next fails
+    if (size == 1 || debug == DebugMode::off) {
+      start_data(*w);
+    } else {
+      w->every_fingerprint.resize(size);
+      int status = MPI_Iallgather(&w->fingerprint, sizeof(Fingerprint), MPI_BYTE, w->every_fingerprint.data(),
+                                  sizeof(Fingerprint), MPI_BYTE, fingerprint_comm, &w->fingerprint_request);
+      if (status != MPI_SUCCESS) {
+        fail(::tandem::detail::concat(describe(*w), ": MPI_Iallgather of its fingerprint failed: ",
+                                      mpi_error_text(status)),
              w.get());
-        return;
       }
+      start_ready();
     }
-  }
-
-  using Start = std::function<int(MPI_Request*)>;
-  std::shared_ptr<Work> post(const std::shared_ptr<MpiWorkState>& w,
-                             const std::vector<std::pair<const char*, Start>>& starts);
-
-  void watch() {
-    std::unique_lock<std::mutex> lock(mpi_mutex());
-    while (!stop) {
-      if (pending.empty()) {
-        wake.wait(lock, [&] { return stop || !pending.empty(); });
-      } else {
-        // Polling is what moves MPI's non-blocking collectives along; slower once the group failed.
-        wake.wait_for(lock, failure.empty() ? std::chrono::milliseconds(1) : std::chrono::milliseconds(100),
-                      [&] { return stop; });
-      }
-      if (stop) break;
-      try {
-        progress_all();
+    if (detail) {  // the host waits until every rank's fingerprint matched
+      std::unique_lock<std::mutex> lock(mutex, std::adopt_lock);
+      int sleep_us = 0;
+      while (!w->data_started && !w->failed) {
         check_timeouts();
-      } catch (const std::exception& e) {
-        report_failure(std::string("mpi watchdog: ") + e.what());
+        lock.unlock();
+        sleep_us = std::min(std::max(2 * sleep_us, 5), 200);
+        std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+        lock.lock();
+        start_ready();
       }
+      lock.release();
     }
+    if (w->failed) raise(*w);
+    return std::make_shared<TrackedWorkHandle>(shared_from_this(), w);
   }
+
+ protected:
+  // Polling is what moves Open MPI's non-blocking collectives along.
+  std::chrono::microseconds poll_interval() const override { return std::chrono::microseconds(1000); }
 };
 
-class MpiWork final : public Work {
+class MpiGroup final : public TrackedGroup {
  public:
-  MpiWork(std::shared_ptr<MpiCore> core, std::shared_ptr<MpiWorkState> state)
-      : core_(std::move(core)), state_(std::move(state)) {}
-
-  void wait() override {
-    std::unique_lock<std::mutex> lock(mpi_mutex());
-    int sleep_us = 0;
-    for (;;) {
-      core_->progress(*state_);
-      if (state_->failed) core_->raise(*state_);
-      if (state_->done) return;
-      core_->check_timeouts();
-      if (state_->failed) core_->raise(*state_);
-      lock.unlock();
-      // Short sleeps: each MPI_Test advances the collective, but two ranks spinning on few cores
-      // would starve each other.
-      sleep_us = std::min(std::max(2 * sleep_us, 5), 200);
-      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-      lock.lock();
-    }
-  }
-
-  void synchronize() override { wait(); }
-
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mpi_mutex());
-    core_->progress(*state_);
-    return state_->done || state_->failed;
-  }
-
-  double elapsed_ms() override {
-    std::lock_guard<std::mutex> lock(mpi_mutex());
-    return state_->done && !state_->failed ? state_->elapsed_ms : -1.0;
-  }
-
- private:
-  std::shared_ptr<MpiCore> core_;
-  std::shared_ptr<MpiWorkState> state_;
-};
-
-std::shared_ptr<Work> MpiCore::post(const std::shared_ptr<MpiWorkState>& w,
-                                    const std::vector<std::pair<const char*, Start>>& starts) {
-  check_usable(w->op, w->bytes);
-  w->started = Clock::now();
-  pending.push_back(w);  // before starting: a request that started stays tracked even if the next fails
-  for (const auto& [call, start] : starts) {
-    MPI_Request request = MPI_REQUEST_NULL;
-    int status = start(&request);
-    if (status != MPI_SUCCESS) {
-      fail(::tandem::detail::concat(describe(*w), ": ", call, " failed: ", mpi_error_text(status)), w.get());
-      raise(*w);
-    }
-    w->requests.push_back(request);
-  }
-  wake.notify_one();
-  return std::make_shared<MpiWork>(shared_from_this(), w);
-}
-
-class MpiGroup final : public ProcessGroup {
- public:
-  explicit MpiGroup(std::shared_ptr<MpiCore> core) : core_(std::move(core)) {
-    core_->watchdog = std::thread([core = core_.get()] { core->watch(); });
+  explicit MpiGroup(const std::shared_ptr<MpiCore>& core) : TrackedGroup(core), core_(core) {
+    core_->start_watchdog();
   }
   // Without dist::finalize (an init that failed half-way, say), the other ranks may still be
   // communicating: stop the watchdog and leave the communicator alone.
   ~MpiGroup() override { shutdown(false); }
 
-  int rank() const override { return core_->rank; }
-  int size() const override { return core_->size; }
-  std::string backend() const override { return kBackend; }
+  using TrackedGroup::all_reduce;
 
-  std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op) override {
-    return all_reduce(std::vector<Tensor>{tensor}, op);
-  }
-
-  std::shared_ptr<Work> all_reduce(const std::vector<Tensor>& tensors, ReduceOp op) override {
+  std::shared_ptr<Work> all_reduce(const std::vector<Tensor>& tensors, ReduceOp op, const std::string& label) override {
     const char* name = "all_reduce";
     TANDEM_CHECK_AS(ValueError, !tensors.empty(), "mpi all_reduce: no tensors given");
-    auto w = std::make_shared<MpiWorkState>();
+    auto w = std::make_shared<MpiWork>();
     w->op = name;
-    std::vector<std::pair<const char*, MpiCore::Start>> starts;
+    std::vector<std::pair<const char*, Start>> starts;
+    size_t count_sum = 0;
     for (const Tensor& t : tensors) {
       check_tensor(t, Device(), kBackend, name, "tensor");
-      MPI_Datatype type = reduce_type(t.dtype(), op, name);
+      check_reducible(t.dtype(), op, kBackend, name);
+      MPI_Datatype type = transfer_type(t.dtype());
       int count = count_of(t, name);
+      count_sum += static_cast<size_t>(count);
       w->bytes += t.nbytes();
       void* data = t.data_ptr();
       const DType dtype = t.dtype();
@@ -363,66 +319,58 @@ class MpiGroup final : public ProcessGroup {
         for (const Tensor& t : tensors) divide_in_place(t, n);
       };
     }
+    auto fingerprint = Fingerprint::make(name, count_sum, tensors[0].dtype(), op, -1, label);
     std::lock_guard<std::mutex> lock(mpi_mutex());
-    return core_->post(w, starts);
+    return core_->post(w, fingerprint, std::move(starts));
   }
 
-  std::shared_ptr<Work> broadcast(const Tensor& tensor, int root) override {
+  std::shared_ptr<Work> broadcast(const Tensor& tensor, int root, const std::string& label) override {
     const char* name = "broadcast";
     check_tensor(tensor, Device(), kBackend, name, "tensor");
     check_root(root, core_->size, kBackend);
     int count = count_of(tensor, name);
-    auto w = std::make_shared<MpiWorkState>();
+    auto w = std::make_shared<MpiWork>();
     w->op = name;
     w->bytes = tensor.nbytes();
     w->tensors = {tensor};
     void* data = tensor.data_ptr();
     MPI_Datatype type = transfer_type(tensor.dtype());
+    auto fingerprint = Fingerprint::make(name, count, tensor.dtype(), std::nullopt, root, label);
     std::lock_guard<std::mutex> lock(mpi_mutex());
-    return core_->post(w, {{"MPI_Ibcast", [this, data, count, type, root](MPI_Request* r) {
+    return core_->post(w, fingerprint, {{"MPI_Ibcast", [this, data, count, type, root](MPI_Request* r) {
                               return MPI_Ibcast(data, count, type, root, core_->comm, r);
                             }}});
   }
 
-  std::shared_ptr<Work> all_gather(const Tensor& output, const Tensor& input) override {
+  std::shared_ptr<Work> all_gather(const Tensor& output, const Tensor& input, const std::string& label) override {
     const char* name = "all_gather";
-    check_tensor(output, Device(), kBackend, name, "output");
-    check_tensor(input, Device(), kBackend, name, "input");
-    check_same_dtype(output, input, kBackend, name);
-    TANDEM_CHECK_AS(ValueError, output.numel() == core_->size * input.numel(), "mpi all_gather: output has ",
-                    output.numel(), " elements, but ", core_->size, " ranks x input's ", input.numel(), " make ",
-                    core_->size * input.numel());
+    bool in_place = check_all_gather(output, input, core_->rank, core_->size, Device(), kBackend);
     int count = count_of(input, name);
     count_of(output, name);
-    bool in_place = is_rank_slice(output, input, core_->rank, kBackend, name);
-    auto w = std::make_shared<MpiWorkState>();
+    auto w = std::make_shared<MpiWork>();
     w->op = name;
     w->bytes = output.nbytes();
     w->tensors = {output, input};
     void* send = in_place ? MPI_IN_PLACE : input.data_ptr();
     void* recv = output.data_ptr();
     MPI_Datatype type = transfer_type(input.dtype());
+    auto fingerprint = Fingerprint::make(name, count, input.dtype(), std::nullopt, -1, label);
     std::lock_guard<std::mutex> lock(mpi_mutex());
-    return core_->post(w, {{"MPI_Iallgather", [this, send, recv, count, type](MPI_Request* r) {
+    return core_->post(w, fingerprint, {{"MPI_Iallgather", [this, send, recv, count, type](MPI_Request* r) {
                               return MPI_Iallgather(send, count, type, recv, count, type, core_->comm, r);
                             }}});
   }
 
-  std::shared_ptr<Work> reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override {
+  std::shared_ptr<Work> reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op,
+                                       const std::string& label) override {
     const char* name = "reduce_scatter";
-    check_tensor(output, Device(), kBackend, name, "output");
-    check_tensor(input, Device(), kBackend, name, "input");
-    check_same_dtype(output, input, kBackend, name);
-    TANDEM_CHECK_AS(ValueError, input.numel() == core_->size * output.numel(), "mpi reduce_scatter: input has ",
-                    input.numel(), " elements, but ", core_->size, " ranks x output's ", output.numel(), " make ",
-                    core_->size * output.numel());
-    MPI_Datatype type = reduce_type(input.dtype(), op, name);
+    bool in_place = check_reduce_scatter(output, input, op, core_->rank, core_->size, Device(), kBackend);
+    MPI_Datatype type = transfer_type(input.dtype());
     int count = count_of(output, name);
     count_of(input, name);
     // MPI's in-place reduce_scatter has another layout than NCCL's: receive into a temporary instead.
-    bool in_place = is_rank_slice(input, output, core_->rank, kBackend, name);
     Tensor target = in_place ? empty(output.shape(), output.options()) : output;
-    auto w = std::make_shared<MpiWorkState>();
+    auto w = std::make_shared<MpiWork>();
     w->op = name;
     w->bytes = input.nbytes();
     w->tensors = {output, input, target};
@@ -432,41 +380,39 @@ class MpiGroup final : public ProcessGroup {
     };
     void* send = input.data_ptr();
     void* recv = target.data_ptr();
-    std::lock_guard<std::mutex> lock(mpi_mutex());
     const DType dtype = input.dtype();
-    return core_->post(w, {{"MPI_Ireduce_scatter_block", [this, send, recv, count, type, op, dtype](MPI_Request* r) {
-                              return MPI_Ireduce_scatter_block(send, recv, count, type, mpi_op(op, dtype),
-                                                               core_->comm, r);
-                            }}});
+    auto fingerprint = Fingerprint::make(name, count, dtype, op, -1, label);
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    auto start = [this, send, recv, count, type, op, dtype](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(send, recv, count, type, mpi_op(op, dtype), core_->comm, r);
+    };
+    return core_->post(w, fingerprint, {{"MPI_Ireduce_scatter_block", start}});
   }
 
   void barrier() override {
-    auto w = std::make_shared<MpiWorkState>();
+    auto w = std::make_shared<MpiWork>();
     w->op = "barrier";
     std::shared_ptr<Work> work;
     {
       std::lock_guard<std::mutex> lock(mpi_mutex());
-      work = core_->post(w, {{"MPI_Ibarrier", [this](MPI_Request* r) { return MPI_Ibarrier(core_->comm, r); }}});
+      work = core_->post(w, Fingerprint::make("barrier", 0, std::nullopt, std::nullopt, -1, "barrier"),
+                         {{"MPI_Ibarrier", [this](MPI_Request* r) { return MPI_Ibarrier(core_->comm, r); }}});
     }
     work->wait();
   }
 
-  void abort(const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(mpi_mutex());
-    core_->fail(::tandem::detail::concat("rank ", core_->rank, ": the mpi group was aborted: ", reason), nullptr);
+  void check_in_sync(const std::string& where) override {
+    std::unique_lock<std::mutex> lock(mpi_mutex());
+    core_->check_in_sync(where, [&](const void* mine, size_t bytes) {
+      return all_gather_bytes(mine, bytes, core_->size, core_->timeout, lock);
+    });
   }
+
 
   // Never throws. With `wait_for_peers` (dist::finalize), finishes pending collectives, waits for
   // every rank to get here and frees the communicator.
   void shutdown(bool wait_for_peers) {
-    {
-      std::lock_guard<std::mutex> lock(mpi_mutex());
-      if (core_->shut_down || core_->stop) return;
-      core_->stop = true;
-    }
-    core_->wake.notify_all();
-    if (core_->watchdog.joinable()) core_->watchdog.join();
-
+    if (!core_->stop_watchdog()) return;
     std::unique_lock<std::mutex> lock(mpi_mutex());
     struct MarkShutDown {
       MpiCore& core;
@@ -477,16 +423,7 @@ class MpiGroup final : public ProcessGroup {
     MPI_Finalized(&finalized);
     if (finalized) return;  // someone else finalized MPI under us: nothing can be freed
     // Collectives nobody waited for usually finish at once; a peer that is gone never lets them.
-    auto start = Clock::now();
-    double limit = std::min(core_->timeout, 3.0);
-    for (;;) {
-      core_->progress_all();
-      if (core_->pending.empty() || seconds_since(start) > limit) break;
-      lock.unlock();
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-      lock.lock();
-    }
-    if (!core_->pending.empty()) {
+    if (!core_->drain(std::min(core_->timeout, 3.0), lock)) {
       report_failure(::tandem::detail::concat("rank ", core_->rank, ": dist::finalize: ", core_->pending.size(),
                                               " mpi collective(s) still pending; leaving without MPI_Finalize, "
                                               "which would wait for them forever"));
@@ -497,7 +434,7 @@ class MpiGroup final : public ProcessGroup {
     // them here, with the timeout.
     MPI_Request request = MPI_REQUEST_NULL;
     int status = MPI_Ibarrier(core_->comm, &request);
-    start = Clock::now();
+    auto start = Clock::now();
     int flag = 0;
     while (status == MPI_SUCCESS && !flag && seconds_since(start) <= core_->timeout) {
       status = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
@@ -516,6 +453,8 @@ class MpiGroup final : public ProcessGroup {
       return;
     }
     MPI_Comm_free(&core_->comm);
+    MPI_Comm_free(&core_->fingerprint_comm);
+    if (check_comm != MPI_COMM_NULL) MPI_Comm_free(&check_comm);
   }
 
  private:
@@ -523,6 +462,13 @@ class MpiGroup final : public ProcessGroup {
 };
 
 }  // namespace
+
+std::vector<uint8_t> host_all_gather(const void* mine, size_t bytes, double timeout) {
+  std::unique_lock<std::mutex> lock(mpi_mutex());
+  int size = 1;
+  TANDEM_MPI_CHECK(MPI_Comm_size(check_comm, &size));
+  return all_gather_bytes(mine, bytes, size, timeout, lock);
+}
 
 MpiWorld mpi_init(double timeout_seconds) {
   std::lock_guard<std::mutex> lock(mpi_mutex());
@@ -544,6 +490,8 @@ MpiWorld mpi_init(double timeout_seconds) {
   core->timeout = timeout_seconds;
   TANDEM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &core->comm));
   TANDEM_MPI_CHECK(MPI_Comm_set_errhandler(core->comm, MPI_ERRORS_RETURN));
+  TANDEM_MPI_CHECK(MPI_Comm_dup(core->comm, &core->fingerprint_comm));
+  TANDEM_MPI_CHECK(MPI_Comm_dup(core->comm, &check_comm));
   TANDEM_MPI_CHECK(MPI_Comm_rank(core->comm, &core->rank));
   TANDEM_MPI_CHECK(MPI_Comm_size(core->comm, &core->size));
   MpiWorld world;

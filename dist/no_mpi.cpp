@@ -10,6 +10,10 @@ MpiWorld mpi_init(double) {
 }
 
 void mpi_shutdown_group(ProcessGroup&) {}
+std::vector<uint8_t> host_all_gather(const void* mine, size_t bytes, double) {
+  const auto* p = static_cast<const uint8_t*>(mine);
+  return std::vector<uint8_t>(p, p + bytes);
+}
 void mpi_finalize() {}
 
 }  // namespace tandem::dist::internal

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "tandem/core/cuda_api.h"
+#include "tandem/dist/flight_recorder.h"
 #include "tandem/dist/internal.h"
 
 namespace tandem::dist {
@@ -77,11 +78,6 @@ void check_disjoint(const std::vector<Tensor>& tensors, const std::string& backe
   }
 }
 
-void check_same_dtype(const Tensor& a, const Tensor& b, const std::string& backend, const char* op) {
-  TANDEM_CHECK_AS(TypeError, a.dtype() == b.dtype(), backend, " ", op, ": output is ", dtype_name(a.dtype()),
-                  " but input is ", dtype_name(b.dtype()));
-}
-
 bool is_rank_slice(const Tensor& whole, const Tensor& part, int rank, const std::string& backend, const char* op) {
   auto* w = static_cast<const char*>(whole.data_ptr());
   auto* p = static_cast<const char*>(part.data_ptr());
@@ -96,6 +92,37 @@ bool is_rank_slice(const Tensor& whole, const Tensor& part, int rank, const std:
 void check_root(int root, int size, const std::string& backend) {
   TANDEM_CHECK_AS(ValueError, root >= 0 && root < size, backend, " broadcast: root ", root,
                   " is not a rank of this group (size ", size, ")");
+}
+
+void check_reducible(DType dtype, ReduceOp op, const std::string& backend, const char* name) {
+  TANDEM_CHECK_AS(TypeError, dtype != DType::boolean || op == ReduceOp::max || op == ReduceOp::min, backend, " ",
+                  name, ": bool tensors reduce with max (any) or min (all), not ", reduce_op_name(op));
+}
+
+namespace {
+// `whole` (size * n,) and `part` (n,): the shared checks of all_gather and reduce_scatter.
+bool check_whole_and_part(const Tensor& whole, const Tensor& part, const char* whole_name, const char* part_name,
+                          int rank, int size, const Device& device, const std::string& backend, const char* name) {
+  check_tensor(whole, device, backend, name, whole_name);
+  check_tensor(part, device, backend, name, part_name);
+  TANDEM_CHECK_AS(TypeError, whole.dtype() == part.dtype(), backend, " ", name, ": ", whole_name, " is ",
+                  dtype_name(whole.dtype()), " but ", part_name, " is ", dtype_name(part.dtype()));
+  TANDEM_CHECK_AS(ValueError, whole.numel() == size * part.numel(), backend, " ", name, ": ", whole_name, " has ",
+                  whole.numel(), " elements, but ", size, " ranks x ", part_name, "'s ", part.numel(), " make ",
+                  size * part.numel());
+  return is_rank_slice(whole, part, rank, backend, name);
+}
+}  // namespace
+
+bool check_all_gather(const Tensor& output, const Tensor& input, int rank, int size, const Device& device,
+                      const std::string& backend) {
+  return check_whole_and_part(output, input, "output", "input", rank, size, device, backend, "all_gather");
+}
+
+bool check_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op, int rank, int size,
+                          const Device& device, const std::string& backend) {
+  check_reducible(input.dtype(), op, backend, "reduce_scatter");
+  return check_whole_and_part(input, output, "input", "output", rank, size, device, backend, "reduce_scatter");
 }
 
 }  // namespace internal
@@ -155,8 +182,12 @@ const World& init(const InitOptions& options) {
   double timeout = timeout_from_env(options.timeout_seconds);
   TANDEM_CHECK_AS(ValueError, timeout > 0, "dist::init: timeout_seconds must be positive, got ", timeout);
 
+  const char* dump_env = std::getenv("TANDEM_DIST_DUMP_DIR");
+  internal::set_dump_directory(!options.dump_dir.empty() ? options.dump_dir : dump_env != nullptr ? dump_env : "");
+
   internal::MpiWorld mpi = internal::mpi_init(timeout);
   World w;
+  w.timeout_seconds = timeout;
   w.rank = mpi.rank;
   w.size = mpi.size;
   w.local_rank = mpi.local_rank;
@@ -166,7 +197,7 @@ const World& init(const InitOptions& options) {
   int devices = options.use_gpu ? cuda::device_count() : 0;
   if (devices > 0) {
     int index = w.local_rank % devices;
-    internal::bind_device(index);
+    cuda::set_device(index);  // the process's current device from now on
     w.device = Device(DeviceType::cuda, index);
     if (!internal::nccl_is_built()) {
       s.no_gpu_group_reason = "tandem was built without NCCL (reconfigure with -DTANDEM_WITH_NCCL=ON)";

@@ -11,6 +11,7 @@
 // When a rank dies, Open MPI's mpirun already ends the whole job (it kills the other ranks and exits
 // non-zero, naming the rank and the signal); the timeout catches what mpirun does not see: a rank
 // that hangs, or ranks that disagree on the order of collectives.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,30 +50,57 @@ class ProcessGroup {
   // event recorded on the caller's current stream; never blocks the host. The Work keeps the tensors
   // of a collective alive until it has completed. MPI reduces f32, f64, i32, i64 and u8 (bool: max,
   // min); 16-bit floats only travel (broadcast, all_gather) there. avg of integers truncates.
-  virtual std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;
+  //
+  // `label` says what the collective is for ("metrics"); it goes into the collective's
+  // fingerprint (see check_in_sync), the flight recorder and error messages, so it must be the
+  // same on every rank.
+  virtual std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum,
+                                           const std::string& label = "") = 0;
   // Several tensors in one grouped launch (NCCL: ncclGroupStart/End; MPI: one request each).
-  virtual std::shared_ptr<Work> all_reduce(const std::vector<Tensor>& tensors, ReduceOp op = ReduceOp::sum) = 0;
-  virtual std::shared_ptr<Work> broadcast(const Tensor& tensor, int root = 0) = 0;
+  virtual std::shared_ptr<Work> all_reduce(const std::vector<Tensor>& tensors, ReduceOp op = ReduceOp::sum,
+                                           const std::string& label = "") = 0;
+  virtual std::shared_ptr<Work> broadcast(const Tensor& tensor, int root = 0, const std::string& label = "") = 0;
   // output (size * n,) gets every rank's input (n,) in rank order. input may be output's own slice
   // at rank * n (in place).
-  virtual std::shared_ptr<Work> all_gather(const Tensor& output, const Tensor& input) = 0;
+  virtual std::shared_ptr<Work> all_gather(const Tensor& output, const Tensor& input, const std::string& label = "") = 0;
   // output (n,) gets this rank's reduced slice of input (size * n,). output may be input's own slice
   // at rank * n (in place).
   virtual std::shared_ptr<Work> reduce_scatter(const Tensor& output, const Tensor& input,
-                                               ReduceOp op = ReduceOp::sum) = 0;
+                                               ReduceOp op = ReduceOp::sum, const std::string& label = "") = 0;
   // Blocks the host until every rank has reached the barrier (or the timeout passes).
   virtual void barrier() = 0;
   // Aborts the communicator (after a failure) so no collective can hang; later calls raise.
   virtual void abort(const std::string& reason) = 0;
+
+  // Fingerprints. Every collective gets a sequence number in its group and a fingerprint (op, reduce
+  // op, dtype, element count, root, label); each rank rolls them into a hash. check_in_sync compares
+  // the ranks' hashes with one small host-side all-gather (over MPI) and, when they differ, fails
+  // the group on every rank with a BackendError naming the first collective that differs on each
+  // side: "rank 1 issued all_reduce #57 'metrics' (1 f32 element, 4 B, sum) where rank 0 issued
+  // all_reduce #57 'ddp bucket 3 of step 3' (300000 f32 elements, 1.2 MB, avg)". `where` names the
+  // point ("the optimizer step of step 12"). Called by DistributedDataParallel every step.
+  // The MPI group also compares every collective's fingerprint before it starts (asynchronously,
+  // on a communicator of its own), so a mismatch never reaches Open MPI, which could crash on it.
+  // $TANDEM_DIST_DEBUG=detail makes every group compare each fingerprint before launching it
+  // (blocking the host), so the collective call itself raises; =off leaves only check_in_sync.
+  virtual void check_in_sync(const std::string& where) = 0;
+  // Collectives issued in this group so far (the last sequence number).
+  virtual uint64_t collectives_issued() const = 0;
 };
 
 struct InitOptions {
   double timeout_seconds = 600;  // per collective (creating a communicator gets at least 60 s); $TANDEM_DIST_TIMEOUT overrides it
   bool use_gpu = true;           // bind to a GPU and make the NCCL group when CUDA devices exist
+  // Where each group's flight recorder (its last collectives, as JSON) is written when it fails or
+  // the process gets SIGTERM/SIGINT: <dump_dir>/rank<R>-<backend>.json. "" (the default) takes
+  // $TANDEM_DIST_DUMP_DIR; with neither nothing is written. scripts/dist_analyze.py reads them.
+  // $TANDEM_DIST_RECORDER_SIZE sets how many collectives each keeps (256).
+  std::string dump_dir;
 };
 
 struct World {
   int rank = 0, size = 1, local_rank = 0, local_size = 1;
+  double timeout_seconds = 600;             // per collective and per cross-rank check
   Device device;                            // cuda:(local_rank % device_count) or cpu
   std::shared_ptr<ProcessGroup> cpu_group;  // MPI, always
   std::shared_ptr<ProcessGroup> gpu_group;  // NCCL, when the device is a GPU (and NCCL is built)

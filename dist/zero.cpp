@@ -129,7 +129,7 @@ void ZeroRedundancyOptimizer::step_impl(const optim::StepScaling* scaling,
   wait_for_parameters();  // two steps without a forward between them
   if (scaling != nullptr && scaling->found_inf.defined() && group_->size() > 1) {
     // Each rank checked its own shard of the gradients: an overflow anywhere skips the step everywhere.
-    group_->all_reduce(scaling->found_inf, ReduceOp::max)->wait();
+    group_->all_reduce(scaling->found_inf, ReduceOp::max, "zero: found inf")->wait();
   }
   const int64_t world = group_->size(), rank = group_->rank();
   stats_ = ZeroStats{};
@@ -143,7 +143,8 @@ void ZeroRedundancyOptimizer::step_impl(const optim::StepScaling* scaling,
     Tensor& flat = flat_params_[b];
     const int64_t shard = flat.numel() / world;
     if (timeline_) timeline_->launching();
-    gathers_[b] = group_->all_gather(flat, views::narrow(flat, 0, rank * shard, shard));
+    gathers_[b] = group_->all_gather(flat, views::narrow(flat, 0, rank * shard, shard),
+                                     "zero: parameters of bucket " + std::to_string(b));
     if (timeline_ && timeline_->recording()) {
       timeline_->collective("all_gather bucket " + std::to_string(b), gathers_[b],
                             {{"bucket", static_cast<double>(b)}, {"bytes", static_cast<double>(flat.nbytes())}},
@@ -215,7 +216,7 @@ Tensor ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
   DType acc = DType::f32;  // as optim::clip_grad_norm_: f64 for f64 gradients
   for (const Tensor& flat : flat_params_) acc = flat.dtype() == DType::f64 ? DType::f64 : acc;
   Tensor squared = optim::grad_squared_norm(pieces, device);  // 0-dim f64: this rank's shard
-  if (group_->size() > 1) group_->all_reduce(squared, ReduceOp::sum)->wait();
+  if (group_->size() > 1) group_->all_reduce(squared, ReduceOp::sum, "zero: gradient norm")->wait();
   Tensor norm = kernels::to_dtype(kernels::unary(UnaryOp::sqrt, squared), acc);
   optim::clip_grads_to_norm_(pieces, norm, max_norm);
   return norm;
@@ -261,7 +262,7 @@ optim::StateDict ZeroRedundancyOptimizer::state_dict() const {
       }
     }
   }
-  if (group_->size() > 1) world().cpu_group->all_reduce(found, ReduceOp::max)->wait();
+  if (group_->size() > 1) world().cpu_group->all_reduce(found, ReduceOp::max, "zero: states in the checkpoint")->wait();
   f = found.data<double>();
 
   // Each state, bucket by bucket: this rank's shard, all-gathered into the full bucket.
@@ -288,7 +289,7 @@ optim::StateDict ZeroRedundancyOptimizer::state_dict() const {
           kernels::copy_(views::narrow(mine, 0, at, piece.length), t->second);
         }
       }
-      group_->all_gather(gathered, mine)->wait();
+      group_->all_gather(gathered, mine, "zero: optimizer state of bucket " + std::to_string(b))->wait();
       for (size_t k = 0; k < plan[b].size(); ++k) {
         const int64_t i = plan[b][k];
         if (number_of[i] < 0 || f[number_of[i] * (K + 1) + n] == 0) continue;

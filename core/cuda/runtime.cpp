@@ -1,6 +1,7 @@
 #include "tandem/core/cuda/runtime.h"
 
 #include <cuda_profiler_api.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <mutex>
 #include <vector>
@@ -40,15 +41,34 @@ void check_device(int device) {
                   " does not exist (", count, " CUDA device(s) visible)");
 }
 
+namespace {
+// One non-blocking stream per device, made at the first use and kept for the process; at the
+// device's greatest priority or the default one.
+class StreamPerDevice {
+ public:
+  explicit StreamPerDevice(bool highest_priority) : highest_priority_(highest_priority) {}
+  cudaStream_t get(int device) {
+    check_device(device);
+    std::call_once(once_[device], [this, device] {
+      DeviceGuard guard(device);
+      int least = 0, greatest = 0;
+      if (highest_priority_) TANDEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&streams_[device], cudaStreamNonBlocking,
+                                                     highest_priority_ ? greatest : 0));
+    });
+    return streams_[device];
+  }
+
+ private:
+  bool highest_priority_;
+  std::once_flag once_[kMaxDevices];
+  cudaStream_t streams_[kMaxDevices] = {};
+};
+}  // namespace
+
 cudaStream_t compute_stream(int device) {
-  static std::once_flag once[kMaxDevices];
-  static cudaStream_t streams[kMaxDevices] = {};
-  check_device(device);
-  std::call_once(once[device], [device] {
-    DeviceGuard guard(device);
-    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking));
-  });
-  return streams[device];
+  static auto* streams = new StreamPerDevice(false);  // never destroyed: used until exit
+  return streams->get(device);
 }
 
 cudaStream_t current_stream(int device) {
@@ -57,13 +77,25 @@ cudaStream_t current_stream(int device) {
   return s != nullptr ? s : compute_stream(device);
 }
 
-StreamGuard::StreamGuard(int device, cudaStream_t stream) : device_(device) {
-  check_device(device);
-  previous_ = stream_override[device];
-  stream_override[device] = stream;
+StreamHandle current_stream_handle(int device) { return current_stream(device); }
+
+StreamHandle high_priority_stream(int device) {
+  static auto* streams = new StreamPerDevice(true);
+  return streams->get(device);
 }
 
-StreamGuard::~StreamGuard() { stream_override[device_] = previous_; }
+void set_device(int device) { TANDEM_CUDA_CHECK(cudaSetDevice(device)); }
+
+StreamGuard::StreamGuard(int device, StreamHandle stream) : device_(device) {
+  check_device(device);
+  previous_ = stream_override[device];
+  stream_override[device] = static_cast<cudaStream_t>(stream);
+}
+
+StreamGuard::~StreamGuard() { stream_override[device_] = static_cast<cudaStream_t>(previous_); }
+
+ProfilerRange::ProfilerRange(const char* name) { nvtxRangePushA(name); }
+ProfilerRange::~ProfilerRange() { nvtxRangePop(); }
 
 void check_launch(const char* kernel) {
   cudaError_t status = cudaGetLastError();
@@ -85,6 +117,15 @@ void Event::record(int device) {
   DeviceGuard guard(device);
   TANDEM_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), current_stream(device)));
   recorded_ = true;
+}
+
+void Event::record_on(StreamHandle stream) {
+  TANDEM_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream)));
+  recorded_ = true;
+}
+
+void Event::wait_on(StreamHandle stream) const {
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(handle_), 0));
 }
 
 void Event::wait(int device) const {

@@ -1,5 +1,7 @@
 // The CUDA backend of a build without CUDA: device management reports no devices and every
 // kernel raises a DeviceError that says how to get a CUDA build.
+#include <string>
+
 #include "tandem/core/backend.h"
 
 namespace tandem::cuda {
@@ -17,6 +19,15 @@ bool is_available() { return false; }
 void synchronize(int) { no_cuda("synchronize"); }
 void profiler_start() {}
 void profiler_stop() {}
+StreamHandle current_stream_handle(int) { no_cuda("current_stream_handle"); }
+StreamHandle high_priority_stream(int) { no_cuda("high_priority_stream"); }
+void set_device(int device) { no_cuda(("set_device(" + std::to_string(device) + ")").c_str()); }
+DeviceGuard::DeviceGuard(int device) { no_cuda(("DeviceGuard(cuda:" + std::to_string(device) + ")").c_str()); }
+DeviceGuard::~DeviceGuard() = default;
+StreamGuard::StreamGuard(int, StreamHandle) : device_(0), previous_(nullptr) { no_cuda("StreamGuard"); }
+StreamGuard::~StreamGuard() = default;
+ProfilerRange::ProfilerRange(const char*) {}
+ProfilerRange::~ProfilerRange() = default;
 
 MemoryStats memory_stats(int) { no_cuda("memory_stats"); }
 size_t memory_allocated(int) { no_cuda("memory_allocated"); }
@@ -28,7 +39,9 @@ void set_poison_allocations(bool) {}
 Event::Event() { no_cuda("cuda::Event"); }
 Event::~Event() = default;
 void Event::record(int) { no_cuda("cuda::Event"); }
+void Event::record_on(StreamHandle) { no_cuda("cuda::Event"); }
 void Event::wait(int) const { no_cuda("cuda::Event"); }
+void Event::wait_on(StreamHandle) const { no_cuda("cuda::Event"); }
 void Event::synchronize() const { no_cuda("cuda::Event"); }
 bool Event::query() const { no_cuda("cuda::Event"); }
 double Event::elapsed_ms(const Event&) const { no_cuda("cuda::Event"); }

@@ -237,6 +237,40 @@ TEST(Ddp, GradientsAreAveragedAcrossRanks) {
   EXPECT_TRUE(testing::all_close(model->bias.grad(), std::vector<double>(2, 1.0), 0, 1e-6));
 }
 
+// One rank nudges one element of one parameter after a step; the next check (at the next forward)
+// names that parameter, the step, the rank and the size of the nudge, on every rank.
+TEST(Ddp, ParameterThatDivergesOnOneRankIsNamedAtTheNextCheck) {
+  const dist::World& w = dist::world();
+  if (w.size < 2) GTEST_SKIP() << "needs two ranks or more";
+  manual_seed(21);
+  auto model = make_mlp(TensorOptions(DType::f32, test_device()));
+  dist::DdpOptions options;
+  options.check_parameters_every = 1;
+  DistributedDataParallel ddp(model, options);
+  optim::SGD opt(model->parameters(), {0.05, 0.9});
+  Generator gen(5 + w.rank);
+  Tensor x = to(randn({4, 12}, DType::f32, &gen), test_device());
+  sum(ddp(x)).backward();  // step 1
+  opt.step();
+  sum(ddp(x)).backward();  // the check before step 2 passes: every rank applied the same update
+  opt.step();
+  const int perturbed_rank = w.size - 1;
+  auto named = model->named_parameters();
+  const std::string name = named[2].first;  // the second Linear's weight
+  if (w.rank == perturbed_rank) {
+    NoGradGuard no_grad;
+    Tensor p = named[2].second;
+    std::vector<double> values = p.to_double_vector();
+    values[7] += 0.25;
+    kernels::copy_(p, from_vector(values, p.shape(), TensorOptions(p.dtype(), p.device())));
+  }
+  opt.zero_grad();
+  EXPECT_TRUE(testing::throws_with<BackendError>(
+      [&] { ddp(x); }, {"parameters differ between ranks at step 2", "'" + name + "'",
+                        "rank " + std::to_string(perturbed_rank) + " differs from rank 0 by up to 0.25",
+                        "at element 7"}));
+}
+
 TEST(Ddp, GradientsDroppedBetweenForwardAndBackwardAreStillReduced) {
   REQUIRE_TWO_RANKS();
   const dist::World& w = dist::world();

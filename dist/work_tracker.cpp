@@ -1,0 +1,332 @@
+#include "tandem/dist/work_tracker.h"
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+
+#include "tandem/core/error.h"
+
+namespace tandem::dist::internal {
+
+namespace {
+
+// The groups alive, for the SIGTERM/SIGINT handler that writes their flight recorders.
+std::mutex& registry_mutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::vector<const WorkTracker*>& registry() {
+  static auto* r = new std::vector<const WorkTracker*>();  // never destroyed: read by the signal handler
+  return *r;
+}
+
+// Best effort: a signal can arrive while a group is being changed, and writing a file is not
+// async-signal-safe; a dump that may be torn is worth more than none when a job is killed.
+void dump_on_signal(int signal) {
+  for (const WorkTracker* t : registry()) t->dump(signal == SIGTERM ? "SIGTERM" : "SIGINT");
+  std::signal(signal, SIG_DFL);
+  std::raise(signal);
+}
+
+void install_signal_dump() {
+  static bool installed = false;
+  if (installed || dump_directory().empty()) return;
+  installed = true;
+  for (int sig : {SIGTERM, SIGINT}) {
+    // A handler the program installed itself stays.
+    auto previous = std::signal(sig, dump_on_signal);
+    if (previous != SIG_DFL && previous != SIG_ERR) std::signal(sig, previous);
+  }
+}
+
+// Every host-side check exchanges this many bytes, so that ranks at different checks never post
+// all-gathers of different sizes (which MPI cannot survive).
+struct CheckMessage {
+  uint64_t seq = 0;
+  uint64_t hash = 0;
+  Fingerprint fingerprint;  // detail mode: the collective about to be launched
+};
+constexpr size_t kHistory = 16;  // fingerprints exchanged after a mismatch
+
+template <typename T>
+std::vector<T> unpack(const std::vector<uint8_t>& bytes) {
+  std::vector<T> out(bytes.size() / sizeof(T));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+}  // namespace
+
+WorkTracker::DebugMode WorkTracker::debug_mode() {
+  const char* v = std::getenv("TANDEM_DIST_DEBUG");
+  if (v == nullptr || v[0] == '\0') return DebugMode::standard;
+  if (std::strcmp(v, "detail") == 0) return DebugMode::detail;
+  if (std::strcmp(v, "off") == 0) return DebugMode::off;
+  TANDEM_CHECK_AS(ValueError, std::strcmp(v, "standard") == 0, "$TANDEM_DIST_DEBUG is '", v,
+                  "'; expected off, standard or detail");
+  return DebugMode::standard;
+}
+
+size_t WorkTracker::recorder_capacity() {
+  const char* v = std::getenv("TANDEM_DIST_RECORDER_SIZE");
+  long n = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
+  return n > 0 ? static_cast<size_t>(n) : 256;
+}
+
+std::string WorkTracker::describe(const char* op, size_t bytes) const {
+  return internal::describe(rank, backend, op, bytes);
+}
+
+std::string WorkTracker::describe(const TrackedWork& w) const {
+  std::string text = describe(w.op, w.bytes);
+  if (w.fingerprint.seq == 0) return text;
+  text += ::tandem::detail::concat(" (#", w.fingerprint.seq);
+  if (w.fingerprint.label[0] != '\0') text += ::tandem::detail::concat(" '", w.fingerprint.label, "'");
+  return text + ")";
+}
+
+void WorkTracker::stamp(TrackedWork& w, Fingerprint fingerprint) {
+  fingerprint.seq = ++last_seq;
+  rolling_hash = roll_hash(rolling_hash, fingerprint);
+  recorder.queued(fingerprint);
+  w.fingerprint = fingerprint;
+}
+
+void WorkTracker::dump(const std::string& reason) const {
+  std::string path = recorder.dump(rank, size, backend, reason);
+  if (!path.empty()) report_failure(::tandem::detail::concat("rank ", rank, ": flight recorder written to ", path));
+}
+
+std::string WorkTracker::mismatch_message(const std::vector<Fingerprint>& per_rank, const std::string& where) const {
+  return ::tandem::detail::concat("rank ", rank, ": ", backend, " ranks issued different collectives",
+                                  where.empty() ? "" : " before " + where, ": ", mismatch_text(per_rank),
+                                  " (every rank must issue the same collectives in the same order)");
+}
+
+void WorkTracker::fail_mismatch(const std::vector<Fingerprint>& per_rank, const TrackedWork* w,
+                                const std::string& where) {
+  std::string message = mismatch_message(per_rank, where);
+  fail(message, w);
+  TANDEM_THROW(BackendError, message);
+}
+
+void WorkTracker::check_before_launch(const TrackedWork& w, const HostAllGather& gather) {
+  CheckMessage mine;
+  mine.seq = w.fingerprint.seq;
+  mine.fingerprint = w.fingerprint;
+  std::vector<CheckMessage> all = unpack<CheckMessage>(gather(&mine, sizeof(mine)));
+  std::vector<Fingerprint> per_rank;
+  for (const CheckMessage& m : all) per_rank.push_back(m.fingerprint);
+  for (const Fingerprint& f : per_rank) {
+    if (!f.matches(per_rank[0])) fail_mismatch(per_rank, &w);
+  }
+}
+
+void WorkTracker::check_in_sync(const std::string& where, const HostAllGather& gather) {
+  check_usable("check", sizeof(CheckMessage));
+  CheckMessage mine;
+  mine.seq = last_seq;
+  mine.hash = rolling_hash;
+  std::vector<CheckMessage> all = unpack<CheckMessage>(gather(&mine, sizeof(mine)));
+  bool agree = true;
+  for (const CheckMessage& m : all) agree = agree && m.seq == all[0].seq && m.hash == all[0].hash;
+  if (agree) {
+    last_checked_seq = last_seq;
+    return;
+  }
+  // Which collective differs first: every rank sends what it issued since the last check.
+  std::vector<Fingerprint> history(kHistory);  // (kHistory,) empty past this rank's last one
+  std::vector<Fingerprint> recorded = recorder.fingerprints(last_checked_seq + 1, last_checked_seq + kHistory);
+  std::copy(recorded.begin(), recorded.end(), history.begin());
+  std::vector<Fingerprint> everyone =
+      unpack<Fingerprint>(gather(history.data(), history.size() * sizeof(Fingerprint)));  // (size * kHistory,)
+  for (size_t i = 0; i < kHistory; ++i) {
+    std::vector<Fingerprint> per_rank;
+    for (int r = 0; r < size; ++r) per_rank.push_back(everyone[r * kHistory + i]);
+    for (int r = 0; r < size; ++r) {
+      if (!per_rank[r].matches(per_rank[0])) {
+        for (int q = 0; q < size; ++q) per_rank[q].seq = last_checked_seq + 1 + i;
+        fail_mismatch(per_rank, nullptr, where);
+      }
+    }
+  }
+  std::string counts;
+  for (int r = 0; r < size; ++r) counts += ::tandem::detail::concat(r == 0 ? "" : ", ", "rank ", r, ": ", all[r].seq);
+  std::string message = ::tandem::detail::concat(
+      "rank ", rank, ": ", backend, " ranks issued different collectives before ", where, " (collectives issued: ",
+      counts, "); the first difference is more than ", kHistory, " collectives after #", last_checked_seq);
+  fail(message, nullptr);
+  TANDEM_THROW(BackendError, message);
+}
+
+void WorkTracker::check_usable(const char* op, size_t bytes) const {
+  if (shut_down || stop) {
+    TANDEM_THROW(BackendError, describe(op, bytes), ": the group was shut down (dist::finalize ran)");
+  }
+  if (!failure.empty()) {
+    TANDEM_THROW(BackendError, describe(op, bytes), " refused: the group failed earlier: ", failure);
+  }
+}
+
+void WorkTracker::raise(const TrackedWork& w) const { TANDEM_THROW(BackendError, w.error); }
+
+void WorkTracker::track(const std::shared_ptr<TrackedWork>& w) {
+  pending.push_back(w);
+  wake_.notify_one();
+}
+
+void WorkTracker::fail(const std::string& message, const TrackedWork* culprit) {
+  if (!failure.empty()) return;
+  failure = message;
+  report_failure(message);
+  if (culprit != nullptr) recorder.set_state(culprit->fingerprint.seq, RecordState::failed);
+  dump(message);
+  for (auto& w : pending) {
+    if (w->done || w->failed) continue;
+    w->failed = true;
+    w->error = w.get() == culprit ? message
+                                  : ::tandem::detail::concat(describe(*w), " was pending for ",
+                                                             format_seconds(seconds_since(w->started)),
+                                                             " when the group failed: ", message);
+  }
+  abort_backend();
+}
+
+void WorkTracker::complete(TrackedWork& w) {
+  if (w.elapsed_ms < 0) w.elapsed_ms = seconds_since(w.started) * 1e3;
+  recorder.set_state(w.fingerprint.seq, w.failed ? RecordState::failed : RecordState::completed);
+  w.tensors.clear();
+  w.done = true;
+}
+
+void WorkTracker::sweep() {
+  for (auto& w : pending) {
+    if (!w->done) poll(*w);
+  }
+  pending.erase(std::remove_if(pending.begin(), pending.end(), [](const auto& w) { return w->done; }), pending.end());
+}
+
+void WorkTracker::check_timeouts() {
+  if (!failure.empty()) return;
+  for (auto& w : pending) {
+    if (w->done || w->failed) continue;
+    double waited = seconds_since(w->started);
+    if (waited > timeout) {
+      fail(::tandem::detail::concat(describe(*w), location, " timed out after ", format_seconds(waited), " (timeout ",
+                                    format_seconds(timeout),
+                                    "): another rank probably died, hangs, or issued a different collective (every "
+                                    "rank must issue the same collectives in the same order); the group is unusable "
+                                    "now"),
+           w.get());
+      return;
+    }
+  }
+}
+
+void WorkTracker::wait_for(TrackedWork& w, std::unique_lock<std::mutex>& lock) {
+  int sleep_us = 0;
+  for (;;) {
+    if (!w.done) poll(w);
+    if (w.failed) raise(w);
+    if (w.done) return;
+    check_timeouts();
+    if (w.failed) raise(w);
+    lock.unlock();
+    // Short sleeps: each poll advances an MPI collective, but two ranks spinning on few cores
+    // would starve each other.
+    sleep_us = std::min(std::max(2 * sleep_us, 5), 200);
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+    lock.lock();
+  }
+}
+
+bool WorkTracker::drain(double limit, std::unique_lock<std::mutex>& lock) {
+  auto start = Clock::now();
+  for (;;) {
+    sweep();
+    if (pending.empty()) return true;
+    if (seconds_since(start) > limit) return false;
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    lock.lock();
+  }
+}
+
+void WorkTracker::watchdog_round() {
+  sweep();
+  check_timeouts();
+}
+
+void WorkTracker::watch() {
+  std::unique_lock<std::mutex> lock(mutex);
+  while (!stop) {
+    if (pending.empty()) {
+      wake_.wait(lock, [&] { return stop || !pending.empty(); });
+    } else {
+      // Polling is what moves MPI's non-blocking collectives along; slower once the group failed.
+      auto interval = failure.empty() ? poll_interval() : std::chrono::microseconds(100000);
+      wake_.wait_for(lock, interval, [&] { return stop; });
+    }
+    if (stop) break;
+    try {
+      watchdog_round();
+    } catch (const std::exception& e) {
+      report_failure(backend + " watchdog: " + e.what());
+    }
+  }
+}
+
+void WorkTracker::start_watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry().push_back(this);
+    install_signal_dump();
+  }
+  watchdog_ = std::thread([this] { watch(); });
+}
+
+bool WorkTracker::stop_watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (stop || shut_down) return false;
+    stop = true;
+  }
+  wake_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto& r = registry();
+  r.erase(std::remove(r.begin(), r.end(), this), r.end());
+  return true;
+}
+
+uint64_t TrackedGroup::collectives_issued() const {
+  std::lock_guard<std::mutex> lock(tracker_->mutex);
+  return tracker_->last_seq;
+}
+
+void TrackedGroup::abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(tracker_->mutex);
+  tracker_->fail(::tandem::detail::concat("rank ", tracker_->rank, ": the ", tracker_->backend,
+                                          " group was aborted: ", reason),
+                 nullptr);
+}
+
+void TrackedWorkHandle::synchronize() {
+  std::unique_lock<std::mutex> lock(tracker_->mutex);
+  tracker_->wait_for(*state_, lock);
+}
+
+bool TrackedWorkHandle::is_completed() {
+  std::lock_guard<std::mutex> lock(tracker_->mutex);
+  if (!state_->done && !state_->failed) tracker_->poll(*state_);
+  return state_->done || state_->failed;
+}
+
+double TrackedWorkHandle::elapsed_ms() {
+  std::lock_guard<std::mutex> lock(tracker_->mutex);
+  if (!state_->done && !state_->failed) tracker_->poll(*state_);
+  return state_->done && !state_->failed ? state_->elapsed_ms : -1.0;
+}
+
+}  // namespace tandem::dist::internal

@@ -1,0 +1,164 @@
+#pragma once
+// Internal to dist/: the collectives a process group has in flight and the watchdog thread that
+// completes them, fails the group when one fails or runs past the timeout, and words the error.
+// Shared by the MPI and NCCL groups; a backend says only how to test one collective for completion
+// (poll) and what to do once the group failed (abort_backend).
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tandem/dist/fingerprint.h"
+#include "tandem/dist/flight_recorder.h"
+#include "tandem/dist/internal.h"
+
+namespace tandem::dist::internal {
+
+// One collective. A backend derives from it to add its handles (MPI requests, CUDA events).
+struct TrackedWork {
+  virtual ~TrackedWork() = default;
+  const char* op = "";
+  size_t bytes = 0;
+  Fingerprint fingerprint;      // seq 0 until stamped
+  std::vector<Tensor> tensors;  // alive until the collective completed
+  Clock::time_point started = Clock::now();
+  double elapsed_ms = -1;
+  bool done = false;    // completed, or finished in error; forgotten by the next sweep
+  bool failed = false;  // waiting on it raises `error`
+  std::string error;
+};
+
+// Every member and method needs `mutex` held, except start_watchdog/stop_watchdog.
+class WorkTracker {
+ public:
+  WorkTracker(std::string backend, std::mutex& mutex) : backend(std::move(backend)), mutex(mutex) {}
+  virtual ~WorkTracker() = default;
+  WorkTracker(const WorkTracker&) = delete;
+  WorkTracker& operator=(const WorkTracker&) = delete;
+
+  const std::string backend;  // "mpi", "nccl"
+  std::mutex& mutex;
+  int rank = 0, size = 1;
+  double timeout = 600;
+  std::string location;  // where the collectives run, for timeout messages: "" or " on cuda:0"
+  std::vector<std::shared_ptr<TrackedWork>> pending;  // posted and not completed, failed ones too
+  std::string failure;                                // the group is unusable once set
+  bool shut_down = false;
+  bool stop = false;
+  // $TANDEM_DIST_DEBUG: "detail" compares every collective's fingerprint across ranks before it is
+  // launched (the call itself raises on a mismatch); "off" leaves only check_in_sync (the MPI group
+  // then posts its collectives without exchanging their fingerprints first); unset: the default.
+  enum class DebugMode { off, standard, detail };
+  const DebugMode debug = debug_mode();
+  const bool detail = debug == DebugMode::detail;
+  uint64_t last_seq = 0;                 // of the last stamped collective
+  uint64_t rolling_hash = kInitialHash;  // over every stamped fingerprint
+  uint64_t last_checked_seq = 0;         // every rank agreed up to here at the last check
+  FlightRecorder recorder{recorder_capacity()};
+
+  // "rank 0: mpi all_reduce of 4096 bytes"; with a fingerprint, " (#12 'ddp bucket 0 of step 5')" after it.
+  std::string describe(const char* op, size_t bytes) const;
+  std::string describe(const TrackedWork& w) const;
+  // Gives `w` the next sequence number and this fingerprint, rolls the hash, records it as queued.
+  void stamp(TrackedWork& w, Fingerprint fingerprint);
+  void mark_started(const TrackedWork& w) { recorder.set_state(w.fingerprint.seq, RecordState::started); }
+  // The cheap cross-rank check: one all-gather (through `gather`) of each rank's sequence number and
+  // rolling hash. On a mismatch a second one brings the fingerprints issued since the last check,
+  // and the group fails on every rank with the first collective that differs ("rank 1 issued
+  // all_reduce #57 'metrics' (1 f32 element, 4 B, sum) where rank 0 issued ..."), raised as a BackendError.
+  using HostAllGather = std::function<std::vector<uint8_t>(const void* mine, size_t bytes)>;
+  void check_in_sync(const std::string& where, const HostAllGather& gather);
+  // Detail mode: compares `w`'s fingerprint across ranks (through `gather`) before it is launched.
+  void check_before_launch(const TrackedWork& w, const HostAllGather& gather);
+  // "rank 0: mpi ranks issued different collectives: rank 1 issued ... where rank 0 issued ..."
+  // `where`: the check that found it ("" for the check before a launch).
+  std::string mismatch_message(const std::vector<Fingerprint>& per_rank, const std::string& where = "") const;
+  // The fingerprints of one collective from every rank disagree: fails the group and raises.
+  [[noreturn]] void fail_mismatch(const std::vector<Fingerprint>& per_rank, const TrackedWork* w,
+                                  const std::string& where = "");
+  // The flight recorder's JSON file, when a dump directory is set; says where on stderr.
+  void dump(const std::string& reason) const;
+
+  static DebugMode debug_mode();
+  static size_t recorder_capacity();
+  // Raises when the group was shut down or failed.
+  void check_usable(const char* op, size_t bytes) const;
+  [[noreturn]] void raise(const TrackedWork& w) const;
+
+  // Tracks a collective that was just posted and wakes the watchdog.
+  void track(const std::shared_ptr<TrackedWork>& w);
+  // Marks the group failed with `message` (the culprit's own error; the others say they were
+  // pending), reports it once on stderr, and aborts the backend. Later failures are ignored.
+  void fail(const std::string& message, const TrackedWork* culprit);
+  // Completes `w`: its time, its tensors released, the backend's `finish` already done.
+  void complete(TrackedWork& w);
+  // Polls every pending collective and forgets the finished ones.
+  void sweep();
+  // Fails the group when a collective has run past the timeout.
+  void check_timeouts();
+  // The host waits for `w` (polling with short sleeps, `lock` released meanwhile); raises on failure.
+  void wait_for(TrackedWork& w, std::unique_lock<std::mutex>& lock);
+  // Sweeps until nothing is pending or `limit` seconds passed; true when nothing is pending.
+  bool drain(double limit, std::unique_lock<std::mutex>& lock);
+
+  // The watchdog thread: a round (watchdog_round) every poll_interval while work is pending.
+  void start_watchdog();
+  // Stops and joins it; false when it was stopped already (by an earlier shutdown).
+  bool stop_watchdog();
+
+  // Backend: test `w` for completion without blocking; call complete(w) once it is, fail() on an error.
+  virtual void poll(TrackedWork& w) = 0;
+
+ protected:
+  // Backend: after fail(): stop whatever could hang (NCCL aborts its communicator).
+  virtual void abort_backend() {}
+  // Backend: one watchdog round; the default sweeps and checks the timeouts.
+  virtual void watchdog_round();
+  virtual std::chrono::microseconds poll_interval() const = 0;
+
+ private:
+  void watch();
+  std::condition_variable wake_;
+  std::thread watchdog_;
+};
+
+// What both process groups answer from their tracker alone.
+class TrackedGroup : public ProcessGroup {
+ public:
+  explicit TrackedGroup(std::shared_ptr<WorkTracker> tracker) : tracker_(std::move(tracker)) {}
+  int rank() const override { return tracker_->rank; }
+  int size() const override { return tracker_->size; }
+  std::string backend() const override { return tracker_->backend; }
+  using ProcessGroup::all_reduce;
+  std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op, const std::string& label) override {
+    return all_reduce(std::vector<Tensor>{tensor}, op, label);
+  }
+  uint64_t collectives_issued() const override;
+  void abort(const std::string& reason) override;
+
+ protected:
+  std::shared_ptr<WorkTracker> tracker_;
+};
+
+// The Work handle of a tracked collective: the host-side waits, shared by both backends. A backend
+// whose wait() need not block the host (NCCL: the caller's stream waits) overrides it.
+class TrackedWorkHandle : public Work {
+ public:
+  TrackedWorkHandle(std::shared_ptr<WorkTracker> tracker, std::shared_ptr<TrackedWork> state)
+      : tracker_(std::move(tracker)), state_(std::move(state)) {}
+  void wait() override { synchronize(); }
+  void synchronize() override;
+  bool is_completed() override;
+  double elapsed_ms() override;
+
+ protected:
+  std::shared_ptr<WorkTracker> tracker_;
+  std::shared_ptr<TrackedWork> state_;
+};
+
+}  // namespace tandem::dist::internal
