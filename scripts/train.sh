@@ -5,7 +5,9 @@
 #
 # Usage: scripts/train.sh [fashion_mnist flags...]     (default: --model mlp --epochs 10)
 #   e.g. scripts/train.sh --model cnn --epochs 15 --metrics cnn.json
-#   TANDEM_RANKS   number of ranks (default: the number of GPUs nvidia-smi lists, or 2 without GPUs)
+#   TANDEM_RANKS      number of ranks (default: the number of GPUs nvidia-smi lists, or 2 without GPUs)
+#   TANDEM_SKIP_DEPS  1: do not run scripts/install-deps.sh (a machine whose packages come another
+#                     way, e.g. a cluster node without apt: CMake must find them by itself)
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,7 +30,7 @@ if [ "${TANDEM_TRAIN_DRY_RUN:-0}" = 1 ]; then  # for tests: say the rank count a
   exit 0
 fi
 
-"$repo/scripts/install-deps.sh"
+[ "${TANDEM_SKIP_DEPS:-0}" = 1 ] || "$repo/scripts/install-deps.sh"
 "$repo/scripts/build.sh"
 cmake --build "$TANDEM_BUILD_DIR" --target fashion_mnist
 
