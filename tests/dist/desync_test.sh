@@ -14,7 +14,8 @@ if "$mpiexec" --version 2>/dev/null | grep -Eq "Open MPI|OpenRTE|open-mpi" && [[
   set -- "$@" --oversubscribe
 fi
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+out=$(mktemp -d)  # each rank's "stopped" line (desync_worker.cpp says why not only its output)
+trap 'rm -rf "$log" "$out"' EXIT
 failed=0
 n='[0-9]+'
 
@@ -22,9 +23,10 @@ run() {  # run CASE DEBUG PATTERN [MPIEXEC_PREFLAGS...]
   local case=$1 debug=$2 pattern=$3
   shift 3
   local start status elapsed_ms problem=""
+  rm -f "$out"/rank*.txt
   start=$(date +%s%N)
   # A timeout far above the 15 s allowed: the error must come from the fingerprints, not the timeout.
-  TANDEM_DIST_DEBUG=$debug TANDEM_DIST_TIMEOUT=60 timeout -s KILL 120 \
+  TANDEM_DESYNC_OUT=$out TANDEM_DIST_DEBUG=$debug TANDEM_DIST_TIMEOUT=60 timeout -s KILL 120 \
     "$mpiexec" "$numproc_flag" "$np" "$@" "$worker" "$case" >"$log" 2>&1
   status=$?
   elapsed_ms=$((($(date +%s%N) - start) / 1000000))
@@ -39,7 +41,7 @@ run() {  # run CASE DEBUG PATTERN [MPIEXEC_PREFLAGS...]
     problem="a rank crashed"
   else
     for ((r = 0; r < np; ++r)); do
-      if ! grep -E "^rank $r: stopped: " "$log" | grep -Eq "$pattern"; then
+      if ! grep -hE "^rank $r: stopped: " "$log" "$out/rank$r.txt" 2>/dev/null | grep -Eq "$pattern"; then
         problem="rank $r did not stop with /$pattern/"
         break
       fi

@@ -8,10 +8,15 @@
 //   label      (run with TANDEM_DIST_DEBUG=off) its bucket 1 is labelled 'metrics', same size and
 //              dtype: MPI completes it, and the check at the end of the step names it
 // Every step ends with ProcessGroup::check_in_sync, as DistributedDataParallel does before the
-// optimizer step. Each rank prints "rank R: stopped: <error>" and exits 3 once every rank has.
+// optimizer step. Each rank prints "rank R: stopped: <error>" and exits 3 once every rank has; with
+// $TANDEM_DESYNC_OUT set it also writes that line to $TANDEM_DESYNC_OUT/rank<R>.txt, which the test
+// reads: mpirun ends the job when the first rank exits non-zero, and on a loaded machine a rank's
+// forwarded output can be cut off then, while a file it wrote is complete.
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <cstring>
 #include <string>
 
@@ -58,6 +63,10 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     std::printf("rank %d: stopped: %s\n", w.rank, e.what());
     std::fflush(stdout);
+    if (const char* dir = std::getenv("TANDEM_DESYNC_OUT")) {
+      std::ofstream(std::string(dir) + "/rank" + std::to_string(w.rank) + ".txt")
+          << "rank " << w.rank << ": stopped: " << e.what() << "\n";
+    }
     status = 3;
   }
   // Every rank prints before any exits (mpirun ends the job when the first exits non-zero). The
