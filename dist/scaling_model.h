@@ -73,7 +73,7 @@ struct ModelParameters {
   // The step on several GPUs is also longer by this share of the 1-GPU step, whatever the
   // buckets: every collective makes the ranks wait for the slowest one, and DDP adds its own work
   // (hooks, copies of gradients into buckets). Measured, not derived: see the README.
-  double sync_share = 0.035;
+  double sync_share = 0.0275;
 };
 
 struct SimulationOptions {
