@@ -157,6 +157,19 @@ double max_relative_difference(const RunResult& a, const RunResult& b) {
   return worst;
 }
 
+// ||a - b|| / ||b|| over every parameter together (the whole state's relative L2 distance).
+double relative_l2_distance(const RunResult& a, const RunResult& b) {
+  double difference = 0, norm = 0;
+  for (size_t i = 0; i < a.params.size() && i < b.params.size(); ++i) {
+    std::vector<double> x = a.params[i].to_double_vector(), y = b.params[i].to_double_vector();
+    for (size_t k = 0; k < x.size() && k < y.size(); ++k) {
+      difference += (x[k] - y[k]) * (x[k] - y[k]);
+      norm += y[k] * y[k];
+    }
+  }
+  return norm > 0 ? std::sqrt(difference / norm) : std::sqrt(difference);
+}
+
 bool bitwise_equal(const RunResult& a, const RunResult& b) {
   for (size_t i = 0; i < a.params.size(); ++i) {
     if (!testing::all_close(a.params[i], b.params[i], 0.0, 0.0)) return false;
@@ -335,7 +348,15 @@ TEST(ZeroCuda, Stage2OnTheGpuMatchesTheCpu) {
     RunResult cpu = train(gpt2_workload(), run);
     run.device = dist::world().device;
     RunResult gpu = train(gpt2_workload(), run);
-    EXPECT_LE(max_relative_difference(gpu, cpu), dtype == DType::f32 ? 1e-4 : 3e-2);
+    // bf16 matrix products round differently on the two devices, and AdamW turns that noise in
+    // near-zero gradients into steps of about lr either way: parameters that start at zero (biases)
+    // can differ by a large share of their own small size after 10 steps (0.31 of it, measured on
+    // an H200). bf16 is compared over the whole state, as bench/parity's L2 verdict does.
+    if (dtype == DType::f32) {
+      EXPECT_LE(max_relative_difference(gpu, cpu), 1e-4);
+    } else {
+      EXPECT_LE(relative_l2_distance(gpu, cpu), 1e-2) << "max relative difference " << max_relative_difference(gpu, cpu);
+    }
   }
 }
 
