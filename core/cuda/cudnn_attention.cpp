@@ -7,8 +7,9 @@
 // layer shape in practice); building one takes milliseconds, running it microseconds.
 //
 // cuDNN's backward adds dQ across key tiles with atomics unless asked for its deterministic
-// algorithm (ordered dQ accumulation, more workspace); deterministic mode asks for it, and a
-// cuDNN without it makes the backward raise NotImplementedError.
+// algorithm (on Hopper: a variant that keeps dP in a workspace of B x H x Tq x Tk 16-bit values);
+// deterministic mode asks for it, and a cuDNN without it makes the backward raise
+// NotImplementedError.
 #include <cudnn_frontend.h>
 
 #include <array>

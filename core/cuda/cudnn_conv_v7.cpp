@@ -1,4 +1,5 @@
 #include "tandem/core/cuda/cudnn_conv_v7.h"
+#include "tandem/core/determinism.h"
 
 namespace tandem::cuda::cudnn {
 
@@ -21,8 +22,7 @@ std::vector<Algo> successful(const Perf* results, int count, const char* what, b
     }
   }
   if (out.empty() && deterministic) {
-    TANDEM_THROW(NotImplementedError, "cuDNN has no deterministic algorithm for ", what,
-                 "; call tandem::use_deterministic_algorithms(false) (or unset TANDEM_DETERMINISTIC) to run it");
+    alert_not_deterministic(detail::concat(what, " (cuDNN marks none of its ", count, " algorithms for this shape deterministic)"));
   }
   if (out.empty()) TANDEM_THROW(BackendError, "cuDNN has no usable algorithm for ", what);
   return out;

@@ -3,6 +3,7 @@
 // the CPU backend's result (same order of additions: bit for bit in f32/f64, within a rounding
 // step in f16/bf16, whose conversions may round differently).
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "support/test_util.h"
@@ -26,45 +27,41 @@ Tensor random_rows(int64_t count, int64_t low, int64_t high, const Shape& shape)
   return from_vector(rows, shape);
 }
 
-void expect_matches_cpu(const Tensor& gpu, const Tensor& cpu_result, DType dtype) {
-  Tensor g = gpu.to(Device("cpu"));
+// Runs `op` on the CPU and twice on the GPU, in deterministic mode: the GPU runs agree bit for
+// bit, and match the CPU (bit for bit in f32/f64).
+void check_ordered(DType dtype, const Tensor& index, const Tensor& src,
+                   const std::function<Tensor(const Tensor&, const Tensor&)>& op) {
+  DeterministicAlgorithmsGuard on(true);
+  const Device gpu("cuda:0"), cpu("cpu");
+  Tensor cpu_result = op(index, src);
+  Tensor a = op(index.to(gpu), src.to(gpu)).to(cpu);
+  Tensor b = op(index.to(gpu), src.to(gpu)).to(cpu);
+  EXPECT_TRUE(same_bits(a, b)) << dtype_name(dtype);
   if (dtype == DType::f32 || dtype == DType::f64) {
-    EXPECT_TRUE(same_bits(g, cpu_result)) << dtype_name(dtype);
-    return;
+    EXPECT_TRUE(same_bits(a, cpu_result)) << dtype_name(dtype);
+  } else {
+    EXPECT_TRUE(testing::all_close(a.to(DType::f64), cpu_result.to(DType::f64).to_vector<double>(), 2e-2, 2e-2))
+        << dtype_name(dtype);
   }
-  std::vector<double> expected = cpu_result.to(DType::f64).to_vector<double>();
-  EXPECT_TRUE(testing::all_close(g.to(DType::f64), expected, 2e-2, 2e-2)) << dtype_name(dtype);
 }
 
 class DeterministicIndex : public ::testing::TestWithParam<DType> {};
 
 TEST_P(DeterministicIndex, IndexAddRepeatsBitsAndMatchesCpu) {
   TANDEM_REQUIRE_CUDA();
-  DeterministicAlgorithmsGuard on(true);
-  const DType dtype = GetParam();
-  const Device gpu("cuda:0");
   // 4000 entries over 50 rows (80 per row on average), negative indices among them.
   Tensor index = random_rows(4000, -50, 50, {4000});
-  Tensor src = testing::random_tensor({3, 4000, 7}, DType::f64).to(dtype);  // (3, 4000, 7)
-  Tensor cpu_result = kernels::index_add({3, 50, 7}, 1, index, src);
-  Tensor a = kernels::index_add({3, 50, 7}, 1, index.to(gpu), src.to(gpu));
-  Tensor b = kernels::index_add({3, 50, 7}, 1, index.to(gpu), src.to(gpu));
-  EXPECT_TRUE(same_bits(a.to(Device("cpu")), b.to(Device("cpu"))));
-  expect_matches_cpu(a, cpu_result, dtype);
+  Tensor src = testing::random_tensor({3, 4000, 7}, DType::f64).to(GetParam());  // (3, 4000, 7)
+  check_ordered(GetParam(), index, src,
+                [](const Tensor& i, const Tensor& s) { return kernels::index_add({3, 50, 7}, 1, i, s); });
 }
 
 TEST_P(DeterministicIndex, ScatterAddRepeatsBitsAndMatchesCpu) {
   TANDEM_REQUIRE_CUDA();
-  DeterministicAlgorithmsGuard on(true);
-  const DType dtype = GetParam();
-  const Device gpu("cuda:0");
   Tensor index = random_rows(4 * 600 * 5, 0, 20, {4, 600, 5});  // (4, 600, 5) into 20 rows
-  Tensor src = testing::random_tensor({4, 600, 5}, DType::f64).to(dtype);
-  Tensor cpu_result = kernels::scatter_add({4, 20, 5}, 1, index, src);
-  Tensor a = kernels::scatter_add({4, 20, 5}, 1, index.to(gpu), src.to(gpu));
-  Tensor b = kernels::scatter_add({4, 20, 5}, 1, index.to(gpu), src.to(gpu));
-  EXPECT_TRUE(same_bits(a.to(Device("cpu")), b.to(Device("cpu"))));
-  expect_matches_cpu(a, cpu_result, dtype);
+  Tensor src = testing::random_tensor({4, 600, 5}, DType::f64).to(GetParam());
+  check_ordered(GetParam(), index, src,
+                [](const Tensor& i, const Tensor& s) { return kernels::scatter_add({4, 20, 5}, 1, i, s); });
 }
 
 // The embedding's backward (index_select's gradient is index_add) at GPT-2's shape: 50257 rows,
