@@ -6,6 +6,7 @@
 #include "tandem/autograd/gradcheck.h"
 #include "tandem/autograd/grad_mode.h"
 #include "tandem/autograd/ops.h"
+#include "tandem/core/determinism.h"
 #include "tandem/core/device.h"
 #include "tandem/core/dtype.h"
 #include "tandem/core/error.h"

@@ -14,6 +14,7 @@
 //   train_step --workload gpt2 --precision bf16 --profile gpt2.json   (step profile for bench/scaling_model)
 //   mpirun -np 4 train_step --workload gpt2 --precision bf16 --bucket-mb auto --topology h200x4
 //   train_step --workload gpt2 --precision bf16 --dist-checks on    (then off: what the checks cost)
+//   train_step --workload gpt2 --precision bf16 --deterministic --warmup 0   (twice: same parameter hash)
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -35,6 +36,7 @@
 #include "tandem/dist/zero.h"
 #include "tandem/dist/timeline.h"
 #include "tandem/tandem.h"
+#include "parameter_hash.h"
 #include "step_profile.h"
 #include "step_trace.h"
 #include "workloads.h"
@@ -66,6 +68,9 @@ struct Config {
   // collectives every step (on) or none (off), to measure what the checks cost. "" (default): DDP
   // only under mpirun, with its default checks.
   std::string dist_checks;
+  // Deterministic mode (tandem::use_deterministic_algorithms) for the whole run, and a hash of the
+  // final parameters printed and written to the JSON, to compare two runs bit for bit.
+  bool deterministic = false;
 };
 
 double median(std::vector<double> v) {
@@ -77,6 +82,7 @@ double median(std::vector<double> v) {
 int run_benchmark(const Config& cfg) {
   // Off also means the MPI group posts collectives without exchanging their fingerprints first.
   if (cfg.dist_checks == "off") setenv("TANDEM_DIST_DEBUG", "off", 0);
+  if (cfg.deterministic) use_deterministic_algorithms(true);
   const dist::World& world = dist::init();
   const bool lead = world.rank == 0;
   const Device device = cfg.device == "cuda" && world.device.is_cuda() ? world.device : Device(cfg.device);
@@ -267,6 +273,8 @@ int run_benchmark(const Config& cfg) {
       if (on_gpu) peaks.push_back(v[2 * r + 1]);
     }
   }
+  // After the timed steps: every rank copies its parameters to the host (rank 0's are reported).
+  const std::string params_hash = are_deterministic_algorithms_enabled() ? bench::hash_hex(bench::parameter_hash(*model)) : "";
   if (!lead) return 0;
   for (size_t i = 0; i < loss_values.size(); ++i) {
     int64_t timed = static_cast<int64_t>(i) - cfg.warmup;
@@ -311,6 +319,8 @@ int run_benchmark(const Config& cfg) {
       {"optimizer_state_bytes", state_bytes},
       {"optimizer_state_bytes_per_rank", state_per_rank},
       {"peak_memory_bytes_per_rank", peaks},
+      {"deterministic", are_deterministic_algorithms_enabled()},
+      {"params_hash", are_deterministic_algorithms_enabled() ? nlohmann::ordered_json(params_hash) : nullptr},
   };
 
   std::fprintf(stderr,
@@ -320,6 +330,7 @@ int run_benchmark(const Config& cfg) {
                model->num_parameters() / 1e6, med, min, samples_per_s * tokens, tokens > 1 ? "tokens" : "samples");
   if (on_gpu) std::fprintf(stderr, ", peak %.2f GiB", cuda::max_memory_allocated(device.index) / double(1 << 30));
   std::fprintf(stderr, ", loss %.6f -> %.6f\n", loss_values.front(), loss_values.back());
+  if (are_deterministic_algorithms_enabled()) std::fprintf(stderr, "train_step: parameters hash %s (FNV-1a, deterministic mode)\n", params_hash.c_str());
   std::fflush(stderr);
 
   if (!cfg.json.empty()) {
@@ -384,6 +395,8 @@ int main(int argc, char** argv) {
                  "on or off: train through DistributedDataParallel even on one rank, comparing the ranks' "
                  "collectives every step (on) or never (off), to measure the checks' cost")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_flag("--deterministic", cfg.deterministic,
+               "deterministic mode (same bits run to run); prints and writes a hash of the final parameters");
   CLI11_PARSE(app, argc, argv);
   try {
     return run_benchmark(cfg);

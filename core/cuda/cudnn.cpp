@@ -1,6 +1,8 @@
 // Pooling through cuDNN's (v7-style) descriptor API, on NCHW tensors (see cudnn_conv.cpp for
-// convolutions; batch norm has kernels of its own in batch_norm.cu).
+// convolutions; batch norm has kernels of its own in batch_norm.cu). Deterministic mode takes
+// cuDNN's deterministic max pooling, whose backward adds overlapping windows in a fixed order.
 #include "tandem/core/cuda/cudnn_common.h"
+#include "tandem/core/determinism.h"
 
 namespace tandem::cuda {
 
@@ -11,7 +13,9 @@ class PoolDesc {
  public:
   explicit PoolDesc(const Pool2dParams& p) {
     TANDEM_CUDNN_CHECK(cudnnCreatePoolingDescriptor(&desc_));
-    cudnnPoolingMode_t mode = p.mode == PoolMode::max ? CUDNN_POOLING_MAX
+    const cudnnPoolingMode_t max_mode =
+        are_deterministic_algorithms_enabled() ? CUDNN_POOLING_MAX_DETERMINISTIC : CUDNN_POOLING_MAX;
+    cudnnPoolingMode_t mode = p.mode == PoolMode::max ? max_mode
                               : p.count_include_pad   ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
                                                       : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
     TANDEM_CUDNN_CHECK(cudnnSetPooling2dDescriptor(desc_, mode, CUDNN_PROPAGATE_NAN, static_cast<int>(p.kernel_h),

@@ -5,6 +5,11 @@
 //
 // A built graph is cached per shape, strides, dtype, mask and scale (one entry per attention
 // layer shape in practice); building one takes milliseconds, running it microseconds.
+//
+// cuDNN's backward adds dQ across key tiles with atomics unless asked for its deterministic
+// algorithm (on Hopper: a variant that keeps dP in a workspace of B x H x Tq x Tk 16-bit values);
+// deterministic mode asks for it, and a cuDNN without it makes the backward raise
+// NotImplementedError.
 #include <cudnn_frontend.h>
 
 #include <array>
@@ -16,6 +21,7 @@
 #include <vector>
 
 #include "tandem/core/cuda/cudnn_common.h"
+#include "tandem/core/determinism.h"
 
 namespace tandem::cuda {
 
@@ -47,9 +53,10 @@ struct GraphKey {
   bool causal;
   double scale;
   std::vector<std::vector<int64_t>> layout;  // dims and strides of every tensor, in uid order
+  bool deterministic;                        // the backward's deterministic algorithm
   bool operator<(const GraphKey& o) const {
-    return std::tie(device, backward, dtype, causal, scale, layout) <
-           std::tie(o.device, o.backward, o.dtype, o.causal, o.scale, o.layout);
+    return std::tie(device, backward, dtype, causal, scale, layout, deterministic) <
+           std::tie(o.device, o.backward, o.dtype, o.causal, o.scale, o.layout, o.deterministic);
   }
 };
 
@@ -122,7 +129,8 @@ BuiltGraph build_backward(cudnnHandle_t h, const GraphKey& key, const Tensor& gr
   auto options = fe::graph::SDPA_backward_attributes()
                      .set_name("attention_backward")
                      .set_attn_scale(static_cast<float>(key.scale))
-                     .set_causal_mask(key.causal);
+                     .set_causal_mask(key.causal)
+                     .set_deterministic_algorithm(key.deterministic);
   auto [dQ, dK, dV] = g.sdpa_backward(Q, K, V, O, dO, stats, options);
   mark_output(dQ, kdQ, grad_q);
   mark_output(dK, kdK, grad_k);
@@ -143,7 +151,8 @@ const BuiltGraph& cached_graph(const GraphKey& key, Build build) {
 }
 
 GraphKey make_key(bool backward, const Tensor& q, bool causal, double scale, const std::vector<const Tensor*>& all) {
-  GraphKey key{q.device().index, backward, q.dtype(), causal, scale, {}};
+  GraphKey key{q.device().index, backward, q.dtype(), causal, scale, {},
+               backward && are_deterministic_algorithms_enabled()};
   for (const Tensor* t : all) {
     key.layout.push_back(dims_of(*t));
     key.layout.push_back(strides_of(*t));
@@ -188,7 +197,15 @@ void fused_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
   cudnnHandle_t h = cudnn::handle(device);
   GraphKey key = make_key(true, q, causal, scale, {&q, &k, &v, &out, &grad_out, &grad_q, &grad_k, &grad_v});
   const BuiltGraph& built = cached_graph(key, [&] {
-    return build_backward(h, key, grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v);
+    try {
+      return build_backward(h, key, grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v);
+    } catch (const BackendError& e) {
+      if (!key.deterministic) throw;
+      alert_not_deterministic(detail::concat("scaled_dot_product_attention backward (cuDNN fused, ",
+                                             dtype_name(key.dtype), "; cuDNN ", cudnnGetVersion(),
+                                             " built no deterministic engine: ", e.message(), ")"));
+      throw;
+    }
   });
   std::unordered_map<int64_t, void*> pointers = {
       {kQ, q.data_ptr()},        {kK, k.data_ptr()},          {kV, v.data_ptr()},

@@ -6,8 +6,11 @@
 // cuDNN's v7 algorithm lists. (The v7 lists as the main path cost several times the host time per
 // call on ResNet-18's shapes, 0.6-0.9x PyTorch's speed where the graph API matches it.)
 // Workspaces come from the caching allocator. 16-bit inputs compute in f32 with tensor cores; f32
-// convolutions use TF32 only under MatmulPrecision::high.
+// convolutions use TF32 only under MatmulPrecision::high. Deterministic mode drops engines with
+// cuDNN's non-deterministic note (and v7 algorithms not marked deterministic) and turns timing
+// off, so the same shape always gets the same engine and so the same bits.
 #include "tandem/core/cuda/cudnn_conv_v7.h"
+#include "tandem/core/determinism.h"
 
 namespace tandem::cuda {
 
@@ -15,6 +18,9 @@ namespace {
 using namespace cudnn;
 
 bool benchmark_mode = false;
+
+// Whether choices are timed: benchmark mode, unless deterministic mode wants a fixed choice.
+bool timed_choice() { return benchmark_mode && !are_deterministic_algorithms_enabled(); }
 
 // ---------------------------------------------------------------------------------------------
 // Settings from the environment (read once per process):
@@ -58,7 +64,8 @@ const SelectOptions& select_options() {
 std::string describe(Direction dir, const ConvTensors& t, const Conv2dParams& p) {
   return detail::concat("conv2d ", direction_name(dir), " ", dtype_name(t.x.dtype()), " x", shape_str(t.x.shape()),
                         " w", shape_str(t.w.shape()), " stride ", p.stride_h, " pad ", p.pad_h,
-                        benchmark_mode ? " (benchmark)" : "");
+                        timed_choice() ? " (benchmark)" : "",
+                        are_deterministic_algorithms_enabled() ? " (deterministic)" : "");
 }
 
 void log_choice(const std::string& what, const std::string& how) {
@@ -274,6 +281,7 @@ bool engine_allowed(const EngineInfo& e, DType dtype) {
   for (cudnnBackendNumericalNote_t note : e.notes) {
     if (note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return false;
     if (dtype == DType::f32 && math_type(dtype) == CUDNN_FMA_MATH && note == CUDNN_NUMERICAL_NOTE_TENSOR_CORE) return false;
+    if (note == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC && are_deterministic_algorithms_enabled()) return false;
   }
   return true;
 }
@@ -380,8 +388,8 @@ std::unique_ptr<GraphPlan> choose_graph(Direction dir, cudnnHandle_t h, int devi
       candidates.push_back({std::move(configs[i]), std::move(info), detail::concat(heur_mode_name(mode), " #", i)});
     }
   }
-  const bool timed = benchmark_mode;
-  const size_t limit = !benchmark_mode              ? 1
+  const bool timed = timed_choice();
+  const size_t limit = !timed                       ? 1
                        : opt.benchmark_limit > 0 ? static_cast<size_t>(opt.benchmark_limit)
                                                  : candidates.size();
   std::unique_ptr<GraphPlan> best;
@@ -442,7 +450,7 @@ struct ConvPlan {
 };
 
 using ConvKey = std::tuple<int, int, int, Shape, Shape, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           bool, int64_t>;
+                           bool, bool, int64_t>;
 
 void convolve(Direction dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
   static const char* names[] = {"conv2d", "conv2d_backward_input", "conv2d_backward_weight"};
@@ -457,7 +465,7 @@ void convolve(Direction dir, const Tensor& x, const Tensor& w, const Tensor& y, 
   static std::mutex mutex;
   static std::map<ConvKey, std::unique_ptr<ConvPlan>> plans;
   ConvKey key{device, static_cast<int>(x.dtype()), static_cast<int>(math_type(x.dtype())), x.shape(), w.shape(),
-              p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w, p.groups, benchmark_mode, alignments};
+              p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w, p.groups, timed_choice(), are_deterministic_algorithms_enabled(), alignments};
   ConvPlan* plan = nullptr;
   DirectionChoice* c = nullptr;
   {
@@ -470,7 +478,7 @@ void convolve(Direction dir, const Tensor& x, const Tensor& w, const Tensor& y, 
       const std::string what = describe(dir, t, p);
       c->graph = choose_graph(dir, h, device, t, p, what);
       if (!c->graph) {
-        c->v7 = std::make_unique<V7Conv>(dir, h, t, p, benchmark_mode);
+        c->v7 = std::make_unique<V7Conv>(dir, h, t, p, timed_choice(), are_deterministic_algorithms_enabled());
         log_choice(what, "v7 (graph fallback) " + c->v7->str());
       }
       c->chosen = true;

@@ -1,4 +1,5 @@
 #include "tandem/core/cuda/cudnn_conv_v7.h"
+#include "tandem/core/determinism.h"
 
 namespace tandem::cuda::cudnn {
 
@@ -10,13 +11,18 @@ struct Algo {
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
 };
 
+// The results that ran, in cuDNN's order; only those cuDNN marks deterministic when asked.
 template <typename Perf>
-std::vector<Algo> successful(const Perf* results, int count, const char* what) {
+std::vector<Algo> successful(const Perf* results, int count, const char* what, bool deterministic) {
   std::vector<Algo> out;
   for (int i = 0; i < count; ++i) {
+    if (deterministic && results[i].determinism != CUDNN_DETERMINISTIC) continue;
     if (results[i].status == CUDNN_STATUS_SUCCESS) {
       out.push_back({static_cast<int>(results[i].algo), results[i].memory, results[i].mathType});
     }
+  }
+  if (out.empty() && deterministic) {
+    alert_not_deterministic(detail::concat(what, " (cuDNN marks none of its ", count, " algorithms for this shape deterministic)"));
   }
   if (out.empty()) TANDEM_THROW(BackendError, "cuDNN has no usable algorithm for ", what);
   return out;
@@ -25,7 +31,8 @@ std::vector<Algo> successful(const Perf* results, int count, const char* what) {
 // cuDNN's results in its order (heuristics: expected speed; benchmark mode: measured time),
 // successful ones only.
 std::vector<Algo> candidates(Direction dir, cudnnHandle_t h, cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
-                             cudnnTensorDescriptor_t y, cudnnConvolutionDescriptor_t cd, bool benchmark) {
+                             cudnnTensorDescriptor_t y, cudnnConvolutionDescriptor_t cd, bool benchmark,
+                             bool deterministic) {
   constexpr int kMax = 16;
   int count = 0;
   switch (dir) {
@@ -33,19 +40,19 @@ std::vector<Algo> candidates(Direction dir, cudnnHandle_t h, cudnnTensorDescript
       cudnnConvolutionFwdAlgoPerf_t r[kMax];
       if (benchmark) TANDEM_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, x, w, cd, y, kMax, &count, r));
       else TANDEM_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, cd, y, kMax, &count, r));
-      return successful(r, count, "conv2d forward");
+      return successful(r, count, "conv2d forward", deterministic);
     }
     case Direction::backward_data: {
       cudnnConvolutionBwdDataAlgoPerf_t r[kMax];
       if (benchmark) TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, w, y, cd, x, kMax, &count, r));
       else TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, cd, x, kMax, &count, r));
-      return successful(r, count, "conv2d backward data");
+      return successful(r, count, "conv2d backward data", deterministic);
     }
     case Direction::backward_filter: {
       cudnnConvolutionBwdFilterAlgoPerf_t r[kMax];
       if (benchmark) TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, x, y, cd, w, kMax, &count, r));
       else TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x, y, cd, w, kMax, &count, r));
-      return successful(r, count, "conv2d backward filter");
+      return successful(r, count, "conv2d backward filter", deterministic);
     }
   }
   return {};
@@ -61,9 +68,10 @@ Tensor workspace_for(size_t bytes, const Tensor& like) {
   return empty({static_cast<int64_t>(bytes)}, TensorOptions(DType::u8, like.device()));
 }
 
-V7Conv::V7Conv(Direction dir, cudnnHandle_t h, const ConvTensors& t, const Conv2dParams& p, bool benchmark)
+V7Conv::V7Conv(Direction dir, cudnnHandle_t h, const ConvTensors& t, const Conv2dParams& p, bool benchmark,
+               bool deterministic)
     : dir_(dir), x_(t.x), y_(t.y), w_(t.w), conv_(p, t.x.dtype(), math_type(t.x.dtype())) {
-  std::vector<Algo> found = candidates(dir, h, x_.get(), w_.get(), y_.get(), conv_.get(), benchmark);
+  std::vector<Algo> found = candidates(dir, h, x_.get(), w_.get(), y_.get(), conv_.get(), benchmark, deterministic);
   candidates_ = found.size();
   for (const Algo& a : found) {
     try {

@@ -28,7 +28,8 @@ Tensor workspace_for(size_t bytes, const Tensor& like);  // (bytes,) u8
 // returned for it; one whose workspace cannot be had gives way to the next.
 class V7Conv {
  public:
-  V7Conv(Direction dir, cudnnHandle_t h, const ConvTensors& t, const Conv2dParams& p, bool benchmark);
+  V7Conv(Direction dir, cudnnHandle_t h, const ConvTensors& t, const Conv2dParams& p, bool benchmark,
+         bool deterministic);
   void run(cudnnHandle_t h, const ConvTensors& t) const;
   std::string str() const;  // the algorithm, math type and workspace, for logs
 

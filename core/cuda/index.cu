@@ -2,8 +2,23 @@
 // middle dim, gather / scatter_add. Negative indices count from the end. A device kernel cannot
 // raise, so an out-of-range index gives NaN in a floating output (0 in an integer one) and is
 // skipped by the accumulating kernels; the CPU backend raises IndexError for the same input.
+//
+// index_add and scatter_add accumulate with atomics, whose order varies run to run. Under
+// deterministic mode the floating types take ordered twins instead, which add in the CPU
+// backend's order (ascending source position, rounding to the element type after every add) and
+// so give the CPU backend's bits:
+//  - index_add: the index is sorted stably (cub's radix sort) with its positions, and one thread
+//    per (outer, row, inner) element that starts a run of equal rows adds the whole run;
+//  - scatter_add: one thread per (outer, inner) column walks that column's k entries in order
+//    (a column's entries only ever land in the same column of `out`).
+// Integer atomics are exact in any order, so integer dtypes keep the atomic kernels.
+#include <cub/device/device_radix_sort.cuh>
+
+#include <climits>
+
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/loops.cuh"
+#include "tandem/core/determinism.h"
 
 namespace tandem::cuda {
 
@@ -80,6 +95,73 @@ __global__ void scatter_add_kernel(T* out, const int64_t* index, const T* src, i
   }
 }
 
+// out += src rounded to T, as the CPU backend adds.
+template <typename T>
+__device__ __forceinline__ T add_rounded(T a, T b) {
+  return cast_to<T>(to_acc(a) + to_acc(b));
+}
+
+// Ordered index_add, step 1: row keys for the sort (an out-of-range index becomes n, sorted last
+// and skipped) and the positions 0..k-1 that travel with them.
+__global__ void index_keys_kernel(const int64_t* index, int64_t* keys, int64_t* positions, int64_t n, int64_t k) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < k; j += stride) {
+    int64_t r = index[j];
+    keys[j] = wrap_index(r, n) ? r : n;
+    positions[j] = j;
+  }
+}
+
+// Ordered index_add, step 2: over (outer, sorted position q, inner); the thread at the start of a
+// run of equal keys adds the run's sources in ascending source position (the sort is stable).
+template <typename T>
+__global__ void index_add_runs_kernel(T* out, const int64_t* sorted_keys, const int64_t* sorted_positions,
+                                      const T* src, int64_t outer, int64_t n, int64_t k, int64_t inner) {
+  int64_t total = outer * k * inner;
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total; p += stride) {
+    int64_t i = p % inner, q = (p / inner) % k, o = p / (inner * k);
+    int64_t r = sorted_keys[q];
+    if (r >= n || (q > 0 && sorted_keys[q - 1] == r)) continue;
+    T* d = &out[(o * n + r) * inner + i];
+    T acc = *d;
+    for (int64_t t = q; t < k && sorted_keys[t] == r; ++t) {
+      acc = add_rounded(acc, src[(o * k + sorted_positions[t]) * inner + i]);
+    }
+    *d = acc;
+  }
+}
+
+// Ordered scatter_add: one thread per (outer, inner) column, its k entries in order.
+template <typename T>
+__global__ void scatter_add_columns_kernel(T* out, const int64_t* index, const T* src, int64_t outer, int64_t n,
+                                           int64_t k, int64_t inner) {
+  int64_t total = outer * inner;
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < total; c += stride) {
+    int64_t i = c % inner, o = c / inner;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t pos = (o * k + j) * inner + i;
+      int64_t r = index[pos];
+      if (!wrap_index(r, n)) continue;
+      T* d = &out[(o * n + r) * inner + i];
+      *d = add_rounded(*d, src[pos]);
+    }
+  }
+}
+
+// Whether an accumulation of `dtype` takes the ordered twin: floating types in deterministic mode.
+bool ordered(DType dtype) {
+  return are_deterministic_algorithms_enabled() && dtype != DType::i32 && dtype != DType::i64;
+}
+
+// Significant bits of the largest key, n: the radix sort looks at no more.
+int key_bits(int64_t n) {
+  int bits = 1;
+  while (bits < 63 && (int64_t{1} << bits) <= n) ++bits;
+  return bits;
+}
+
 // Types with a native atomicAdd.
 template <typename F>
 void dispatch_atomic(DType dtype, const char* op, F&& f) {
@@ -117,7 +199,57 @@ void index_select(const Tensor& x, const Tensor& index, const Tensor& out) {
   });
 }
 
+namespace {
+void index_add_ordered(const Tensor& out, const Tensor& index, const Tensor& src) {
+  const int64_t outer = out.shape()[0], n = out.shape()[1], inner = out.shape()[2], k = index.numel();
+  if (k == 0 || outer * inner == 0) return;
+  if (k > INT_MAX) {
+    alert_not_deterministic(detail::concat("index_add of ", k, " index entries (the ordered path sorts at most ",
+                                           INT_MAX, ")"));
+  }
+  NvtxRange range("index_add_ordered");
+  DeviceGuard guard(out.device().index);
+  cudaStream_t s = stream_of(out);
+  const TensorOptions i64(DType::i64, out.device());
+  Tensor keys = empty({k}, i64), positions = empty({k}, i64);                // (k,) i64 each
+  Tensor sorted_keys = empty({k}, i64), sorted_positions = empty({k}, i64);  // (k,) i64 each
+  index_keys_kernel<<<elementwise_blocks(k), kElementwiseThreads, 0, s>>>(
+      device_ptr<const int64_t>(index), device_ptr<int64_t>(keys), device_ptr<int64_t>(positions), n, k);
+  check_launch("index_add_ordered keys");
+  const int bits = key_bits(n);
+  size_t temp_bytes = 0;
+  TANDEM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, device_ptr<const int64_t>(keys),
+                                                    device_ptr<int64_t>(sorted_keys), device_ptr<const int64_t>(positions),
+                                                    device_ptr<int64_t>(sorted_positions), static_cast<int>(k), 0,
+                                                    bits, s));
+  Tensor temp = empty({static_cast<int64_t>(temp_bytes) + 1}, TensorOptions(DType::u8, out.device()));  // (bytes,) u8
+  TANDEM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, device_ptr<const int64_t>(keys),
+                                                    device_ptr<int64_t>(sorted_keys), device_ptr<const int64_t>(positions),
+                                                    device_ptr<int64_t>(sorted_positions), static_cast<int>(k), 0,
+                                                    bits, s));
+  dispatch_atomic(out.dtype(), "index_add", [&](auto tag) {
+    using T = decltype(tag);
+    index_add_runs_kernel<T><<<elementwise_blocks(outer * k * inner), kElementwiseThreads, 0, s>>>(
+        device_ptr<T>(out), device_ptr<const int64_t>(sorted_keys), device_ptr<const int64_t>(sorted_positions),
+        device_ptr<const T>(src), outer, n, k, inner);
+  });
+  check_launch("index_add_ordered");
+}
+
+void scatter_add_ordered(const Tensor& out, const Tensor& index, const Tensor& src) {
+  const int64_t outer = out.shape()[0], n = out.shape()[1], inner = out.shape()[2], k = index.shape()[1];
+  dispatch_atomic(out.dtype(), "scatter_add", [&](auto tag) {
+    using T = decltype(tag);
+    launch("scatter_add_ordered", out, outer * inner, [&](int blocks, cudaStream_t s) {
+      scatter_add_columns_kernel<T><<<blocks, kElementwiseThreads, 0, s>>>(
+          device_ptr<T>(out), device_ptr<const int64_t>(index), device_ptr<const T>(src), outer, n, k, inner);
+    });
+  });
+}
+}  // namespace
+
 void index_add(const Tensor& out, const Tensor& index, const Tensor& src) {
+  if (ordered(out.dtype())) return index_add_ordered(out, index, src);
   const int64_t outer = out.shape()[0], n = out.shape()[1], inner = out.shape()[2], k = index.numel();
   dispatch_atomic(out.dtype(), "index_add", [&](auto tag) {
     using T = decltype(tag);
@@ -140,6 +272,7 @@ void gather(const Tensor& x, const Tensor& index, const Tensor& out) {
 }
 
 void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src) {
+  if (ordered(out.dtype())) return scatter_add_ordered(out, index, src);
   const int64_t outer = out.shape()[0], n = out.shape()[1], inner = out.shape()[2], k = index.shape()[1];
   dispatch_atomic(out.dtype(), "scatter_add", [&](auto tag) {
     using T = decltype(tag);
