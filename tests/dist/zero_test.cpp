@@ -7,6 +7,7 @@
 #include "dist/dist_test_util.h"
 #include "examples/fashion_mnist/models.h"
 #include "support/test_util.h"
+#include "tandem/core/determinism.h"
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/dist/timeline.h"
 #include "tandem/dist/zero.h"
@@ -87,6 +88,11 @@ struct RunResult {
 RunResult train(const Workload& work, const RunOptions& run) {
   const dist::World& w = dist::world();
   const Device device = run.device;
+  // On a GPU, cuDNN's weight gradients and the embedding backward sum in no fixed order unless
+  // deterministic mode is on: two runs of the same stage would differ too, and AdamW grows that
+  // noise in near-zero gradients into steps of about lr (measured on an H200 without the mode:
+  // the CNN's stages 4.7e-2 apart, GPT-2's 3e-4, the MLP's within 1e-6).
+  DeterministicAlgorithmsGuard deterministic(device.is_cuda());
   manual_seed(77);
   auto model = work.make(TensorOptions(run.dtype, device));
   dist::DdpOptions ddp_options;
