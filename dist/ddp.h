@@ -152,6 +152,7 @@ class DistributedDataParallel {
   void finish_backward();
   void broadcast_from_rank0(const std::vector<Tensor>& tensors, const std::string& label);
   void allocate(Bucket& bucket);
+  Tensor slot(const Bucket& bucket, size_t k) const;  // parameter k's gradient view in the bucket
 
   std::shared_ptr<nn::Module> module_;
   DdpOptions options_;
@@ -171,6 +172,9 @@ class DistributedDataParallel {
   size_t next_to_launch_ = 0;
   Bucket* in_flight_ = nullptr;  // the bucket overlap_optimizer left in flight after backward
   bool sync_enabled_ = true;
+  // A world of one at zero_stage 0 with no comm_dtype: every all-reduce is the identity, so the
+  // gradients stay where backward puts them (as without DDP); the collectives still count.
+  bool gradients_in_place_ = false;
   int64_t steps_ = 0;  // synchronised backwards so far; the current one's number while it runs
   int64_t parameters_checked_at_ = 0;
   bool backward_active_ = false;

@@ -133,12 +133,15 @@ void ZeroRedundancyOptimizer::step_impl(const optim::StepScaling* scaling,
   }
   const int64_t world = group_->size(), rank = group_->rank();
   stats_ = ZeroStats{};
+  // In a world of one the all-gathers move nothing and there is nothing to overlap: one update
+  // over every piece, so the fused kernels get them all at once, as without ZeRO.
+  if (world == 1) Optimizer::step_impl(scaling, nullptr);
   for (size_t b = 0; b < flat_params_.size(); ++b) {
     std::function<bool(const Tensor&)> in_bucket = [&](const Tensor& piece) {
       auto found = bucket_of_piece_.find(piece.data_ptr());
       return found != bucket_of_piece_.end() && found->second == b;
     };
-    Optimizer::step_impl(scaling, &in_bucket);
+    if (world > 1) Optimizer::step_impl(scaling, &in_bucket);
     // Gather while the next buckets are updated.
     Tensor& flat = flat_params_[b];
     const int64_t shard = flat.numel() / world;
