@@ -231,14 +231,20 @@ TEST(Zero, Bf16WithMasterWeightsMatchesStageZero) {
   expect_stages_match(gpt2_workload(), run, 2e-2);
 }
 
-// f16 with a GradScaler: the overflow on rank 0 at step 3 lies in one rank's shard only, yet
-// every rank skips that step (the flag's max over ranks), as in stage 0.
-TEST(Zero, F16GradScalerOverflowIsSkippedOnEveryRank) {
+// f16 parameters and a GradScaler, with an infinite input on rank 0 at `overflow_step`.
+RunOptions f16_with_overflow_at(int64_t overflow_step, int steps) {
   RunOptions run;
   run.dtype = DType::f16;
   run.scaler = true;
-  run.overflow_step = 3;
-  run.steps = 8;
+  run.overflow_step = overflow_step;
+  run.steps = steps;
+  return run;
+}
+
+// f16 with a GradScaler: the overflow on rank 0 at step 3 lies in one rank's shard only, yet
+// every rank skips that step (the flag's max over ranks), as in stage 0.
+TEST(Zero, F16GradScalerOverflowIsSkippedOnEveryRank) {
+  RunOptions run = f16_with_overflow_at(3, 8);
   run.clip = 1.0;
   RunResult reference = train(image_workload("mlp"), run);
   ASSERT_EQ(reference.skipped.size(), 8u);
@@ -287,12 +293,7 @@ TEST(ZeroWorldOfOne, Bf16WithMasterWeightsGivesTheBitsOfTrainingAlone) {
 }
 
 TEST(ZeroWorldOfOne, F16GradScalerOverflowGivesTheBitsOfTrainingAlone) {
-  RunOptions run;
-  run.dtype = DType::f16;
-  run.scaler = true;
-  run.overflow_step = 2;
-  run.steps = 5;
-  expect_world_of_one_matches_training_alone(image_workload("mlp"), run);
+  expect_world_of_one_matches_training_alone(image_workload("mlp"), f16_with_overflow_at(2, 5));
 }
 
 // Each rank keeps 1/N of the state (plus the padding of its buckets' shards).
