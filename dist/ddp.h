@@ -9,6 +9,9 @@
 // its bucket down; a complete bucket's all-reduce is launched right away on the communication
 // stream, in bucket order on every rank. When backward ends, the compute stream waits on the
 // buckets' completion events — the host never blocks. Averaging happens in the collective.
+// In a world of one at zero_stage 0 without comm_dtype the averages are the gradients themselves:
+// they stay where backward puts them, and the buckets' collectives launch nothing (they still
+// count for check_in_sync).
 #include <functional>
 #include <memory>
 #include <optional>
@@ -54,7 +57,7 @@ struct DdpOptions {
   // contiguous shard of it. Stage 2 reduce-scatters each bucket as it completes (instead of the
   // all-reduce): a rank keeps only its shard of the averaged gradients, and the full bucket is
   // released once its collective is done (the parameters' .grad are then undefined until the next
-  // forward). comm_dtype and overlap_optimizer are for stage 0 only.
+  // backward). comm_dtype and overlap_optimizer are for stage 0 only.
   int zero_stage = 0;
   // An explicit plan (dist/bucket_plan.h: plan_buckets, decide_bucket_plan): parameter indices in
   // registration order, bucket by bucket in launch order, each parameter once, one dtype per
