@@ -90,7 +90,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                     p.device(), "; move the whole module to one device first");
   }
   group_ = &w.group_for(device_);
-  gradients_in_place_ = group_->size() == 1 && options_.zero_stage == 0 && !options_.comm_dtype;
+  gradients_in_place_ = group_->size() == 1 && !options_.comm_dtype;
   check_same_model_everywhere();
   {
     NoGradGuard no_grad;
@@ -403,7 +403,9 @@ void DistributedDataParallel::launch(Bucket& b) {
     // This rank keeps only its shard: the Work holds the full bucket until the collective is done,
     // then it goes back to the allocator. The next forward makes a new one. (In a world of one the
     // shard is the bucket, which stays.)
-    for (int64_t i : b.params) params_[i].set_grad(Tensor());
+    if (!gradients_in_place_) {  // else finish_backward drops them, after ZeRO took them
+      for (int64_t i : b.params) params_[i].set_grad(Tensor());
+    }
     if (!b.shard.is_same(b.buffer)) b.buffer = Tensor();
     b.comm = Tensor();
   } else {
@@ -488,6 +490,12 @@ void DistributedDataParallel::finish_backward() {
   }
   stats_.total_gradients = static_cast<int64_t>(params_.size());
   stats_pending_ = true;
+  if (gradients_in_place_) {
+    if (after_backward_) after_backward_();
+    if (options_.zero_stage == 2) {
+      for (const Tensor& p : params_) p.set_grad(Tensor());
+    }
+  }
 }
 
 void DistributedDataParallel::wait_for_gradients() {

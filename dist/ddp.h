@@ -141,6 +141,12 @@ class DistributedDataParallel {
   Tensor gradient_shard(size_t bucket) const;
   // Called at the start of every forward (ZeRO waits there for the parameters' all-gathers).
   void set_before_forward(std::function<void()> callback) { before_forward_ = std::move(callback); }
+  // A world of one without comm_dtype: the averaged gradients are the parameters' own .grad
+  // (backward's tensors, not bucket views), and gradient_shard() holds nothing. At the end of each
+  // synchronised backward `after_backward` is called while they are still set; under zero_stage 2
+  // they are dropped after it.
+  bool gradients_in_place() const { return gradients_in_place_; }
+  void set_after_backward(std::function<void()> callback) { after_backward_ = std::move(callback); }
 
  private:
   struct Bucket;
@@ -175,7 +181,7 @@ class DistributedDataParallel {
   size_t next_to_launch_ = 0;
   Bucket* in_flight_ = nullptr;  // the bucket overlap_optimizer left in flight after backward
   bool sync_enabled_ = true;
-  // A world of one at zero_stage 0 with no comm_dtype: every all-reduce is the identity, so the
+  // A world of one with no comm_dtype: every all-reduce (reduce-scatter) is the identity, so the
   // gradients stay where backward puts them (as without DDP); the collectives still count.
   bool gradients_in_place_ = false;
   int64_t steps_ = 0;  // synchronised backwards so far; the current one's number while it runs
@@ -187,6 +193,7 @@ class DistributedDataParallel {
   std::unique_ptr<Timing> timing_;
   Timeline* timeline_ = nullptr;
   std::function<void()> before_forward_;
+  std::function<void()> after_backward_;
   // The hooks on the parameters reach this object through here; the destructor clears it, so a
   // module that outlives its DDP wrapper never calls into freed memory.
   std::shared_ptr<DistributedDataParallel*> self_;

@@ -112,6 +112,8 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
 
   void make_flat_parameters();
   void make_pieces();
+  // A world of one: each piece's gradient becomes a view of its parameter's own .grad.
+  void take_parameter_gradients();
 
   DistributedDataParallel& ddp_;
   std::unique_ptr<optim::Optimizer> inner_;
