@@ -272,6 +272,7 @@ void expect_world_of_one_matches_training_alone(const Workload& work, RunOptions
     } else {
       EXPECT_TRUE(bitwise_equal(wrapped, alone)) << "largest relative difference "
                                                  << max_relative_difference(wrapped, alone);
+      EXPECT_EQ(wrapped.norms, alone.norms);
     }
     EXPECT_EQ(wrapped.skipped, alone.skipped);
   }
@@ -281,6 +282,13 @@ TEST(ZeroWorldOfOne, Gpt2GivesTheBitsOfTrainingAlone) {
   RunOptions run;
   run.steps = 6;
   expect_world_of_one_matches_training_alone(gpt2_workload(), run);
+}
+
+TEST(ZeroWorldOfOne, ClippedMlpGivesTheBitsOfTrainingAlone) {
+  RunOptions run;
+  run.steps = 6;
+  run.clip = 0.05;  // every step clips
+  expect_world_of_one_matches_training_alone(image_workload("mlp"), run);
 }
 
 TEST(ZeroWorldOfOne, CnnWithAccumulationUnderNoSyncGivesTheBitsOfTrainingAlone) {
