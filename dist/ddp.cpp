@@ -209,8 +209,9 @@ void DistributedDataParallel::build_buckets() {
     int64_t numel = b.bucket->offsets.back() + params_[b.bucket->params.back()].numel();
     numel = (numel + shards - 1) / shards * shards;  // ZeRO: equal shards, the last one padded
     b.bucket->numel = numel;
-    b.bucket->buffer = zeros({numel}, params_[b.bucket->params[0]].options());  // (numel,)
-    if (options_.zero_stage == 2) {
+    // With gradients in place the buckets only carry their collectives: they share a placeholder (below).
+    if (!gradients_in_place_) b.bucket->buffer = zeros({numel}, params_[b.bucket->params[0]].options());  // (numel,)
+    if (options_.zero_stage == 2 && !gradients_in_place_) {
       // In a world of one the shard is the whole bucket: the reduce-scatter is in place and free.
       b.bucket->shard = shards == 1 ? b.bucket->buffer : zeros({numel / shards}, b.bucket->buffer.options());
     }
@@ -252,6 +253,22 @@ void DistributedDataParallel::build_buckets() {
     b.bucket->index = static_cast<int64_t>(buckets_.size());
     for (int64_t i : b.bucket->params) bucket_of_[i] = b.bucket->index;
     buckets_.push_back(std::move(b.bucket));
+  }
+  if (gradients_in_place_) {
+    // A world of one: the collectives read and write nothing, yet each is issued on a tensor of its
+    // bucket's size and dtype (so it counts as it would elsewhere). One never-written placeholder
+    // per dtype, as large as its largest bucket, rather than memory for every gradient twice.
+    std::map<DType, int64_t> largest;
+    for (auto& b : buckets_) {
+      int64_t& n = largest[params_[b->params[0]].dtype()];
+      n = std::max(n, b->numel);
+    }
+    std::map<DType, Tensor> placeholders;  // dtype -> (largest bucket numel,)
+    for (auto& [dtype, n] : largest) placeholders[dtype] = empty({n}, TensorOptions(dtype, device_));
+    for (auto& b : buckets_) {
+      b->buffer = views::narrow(placeholders[params_[b->params[0]].dtype()], 0, 0, b->numel);  // (numel,)
+      if (options_.zero_stage == 2) b->shard = b->buffer;
+    }
   }
   ready_.assign(params_.size(), false);
   attach_gradient_views(true);
