@@ -10,7 +10,6 @@
 #include "tandem/autograd/node.h"
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/kernels.h"
-#include "tandem/core/random.h"
 #include "tandem/core/views.h"
 #include "tandem/dist/bucket_plan.h"
 #include "tandem/dist/parameter_check.h"
@@ -52,6 +51,9 @@ struct DistributedDataParallel::Bucket {
   int64_t numel = 0;             // elements of buffer (padded to a multiple of the world size under ZeRO)
   int64_t comm_bytes = 0;        // bytes of the last collective
   int64_t pending = 0;           // gradients still to come in this backward
+  // buffer holds no gradients yet (they were all dropped, or it is new): each gradient is copied
+  // into its slot as it arrives, rather than the bucket zeroed and every gradient added to zeros.
+  bool stale = false;
   bool launched = false;
   int64_t launched_after = 0;
   std::shared_ptr<Work> work;
@@ -87,6 +89,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                     p.device(), "; move the whole module to one device first");
   }
   group_ = &w.group_for(device_);
+  gradients_in_place_ = group_->size() == 1 && !options_.comm_dtype;
   check_same_model_everywhere();
   {
     NoGradGuard no_grad;
@@ -205,8 +208,12 @@ void DistributedDataParallel::build_buckets() {
     int64_t numel = b.bucket->offsets.back() + params_[b.bucket->params.back()].numel();
     numel = (numel + shards - 1) / shards * shards;  // ZeRO: equal shards, the last one padded
     b.bucket->numel = numel;
-    b.bucket->buffer = zeros({numel}, params_[b.bucket->params[0]].options());  // (numel,)
-    if (options_.zero_stage == 2) b.bucket->shard = zeros({numel / shards}, b.bucket->buffer.options());
+    // With gradients in place the buckets only carry their collectives: they share a placeholder (below).
+    if (!gradients_in_place_) b.bucket->buffer = zeros({numel}, params_[b.bucket->params[0]].options());  // (numel,)
+    if (options_.zero_stage == 2 && !gradients_in_place_) {
+      // In a world of one the shard is the whole bucket: the reduce-scatter is in place and free.
+      b.bucket->shard = shards == 1 ? b.bucket->buffer : zeros({numel / shards}, b.bucket->buffer.options());
+    }
     closed.push_back(std::move(b));
     b = Planned{};
   };
@@ -246,6 +253,22 @@ void DistributedDataParallel::build_buckets() {
     for (int64_t i : b.bucket->params) bucket_of_[i] = b.bucket->index;
     buckets_.push_back(std::move(b.bucket));
   }
+  if (gradients_in_place_) {
+    // A world of one: the collectives read and write nothing, yet each is issued on a tensor of its
+    // bucket's size and dtype (so it counts as it would elsewhere). One never-written placeholder
+    // per dtype, as large as its largest bucket, rather than memory for every gradient twice.
+    std::map<DType, int64_t> largest;
+    for (auto& b : buckets_) {
+      int64_t& n = largest[params_[b->params[0]].dtype()];
+      n = std::max(n, b->numel);
+    }
+    std::map<DType, Tensor> placeholders;  // dtype -> (largest bucket numel,)
+    for (auto& [dtype, n] : largest) placeholders[dtype] = empty({n}, TensorOptions(dtype, device_));
+    for (auto& b : buckets_) {
+      b->buffer = views::narrow(placeholders[params_[b->params[0]].dtype()], 0, 0, b->numel);  // (numel,)
+      if (options_.zero_stage == 2) b->shard = b->buffer;
+    }
+  }
   ready_.assign(params_.size(), false);
   attach_gradient_views(true);
 
@@ -266,20 +289,45 @@ void DistributedDataParallel::build_buckets() {
   }
 }
 
-// Stage 2 released the bucket after its reduce-scatter: a new one starts from zero.
+Tensor DistributedDataParallel::slot(const Bucket& b, size_t k) const {
+  const Tensor& p = params_[b.params[k]];
+  return views::view(views::narrow(b.buffer, 0, b.offsets[k], p.numel()), p.shape());
+}
+
+// Stage 2 released the bucket after its reduce-scatter: a new one, stale (its gradients are
+// copied in as they come); only the padding is zeroed, as it is reduced with the rest.
 void DistributedDataParallel::allocate(Bucket& b) {
   if (b.buffer.defined()) return;
-  b.buffer = zeros({b.numel}, params_[b.params[0]].options());  // (numel,)
-  for (size_t k = 0; k < b.params.size(); ++k) {
-    const Tensor& p = params_[b.params[k]];
-    p.set_grad(views::view(views::narrow(b.buffer, 0, b.offsets[k], p.numel()), p.shape()));
-  }
+  b.buffer = empty({b.numel}, params_[b.params[0]].options());  // (numel,)
+  const int64_t used = b.offsets.back() + params_[b.params.back()].numel();
+  if (used < b.numel) kernels::fill_(views::narrow(b.buffer, 0, used, b.numel - used), 0.0);
+  b.stale = true;
 }
 
 void DistributedDataParallel::attach_gradient_views(bool zero) {
+  if (gradients_in_place_) return;
   for (auto& b : buckets_) {
     if (!b->buffer.defined()) {
       allocate(*b);
+      continue;
+    }
+    bool none = true;  // no parameter of the bucket has a gradient (zero_grad(set_to_none))
+    for (int64_t i : b->params) none = none && !params_[i].grad().defined();
+    if (none) {
+      b->stale = true;
+      continue;
+    }
+    if (b->stale) {
+      // Gradients accumulated outside the bucket (a backward under no_sync()) move into it.
+      for (size_t k = 0; k < b->params.size(); ++k) {
+        const Tensor& p = params_[b->params[k]];
+        Tensor g = p.grad();
+        Tensor s = slot(*b, k);
+        if (g.defined()) kernels::copy_(s, g);
+        else kernels::fill_(s, 0.0);
+        p.set_grad(s);
+      }
+      b->stale = false;
       continue;
     }
     bool attached = true;
@@ -290,12 +338,9 @@ void DistributedDataParallel::attach_gradient_views(bool zero) {
                  g.offset() == b->buffer.offset() + b->offsets[k] && g.shape() == p.shape();
     }
     if (attached && !zero) continue;
-    // A gradient was dropped (zero_grad(set_to_none)) or replaced: start the bucket from zero.
+    // A gradient was dropped or replaced: start the bucket from zero.
     kernels::fill_(b->buffer, 0.0);
-    for (size_t k = 0; k < b->params.size(); ++k) {
-      const Tensor& p = params_[b->params[k]];
-      p.set_grad(views::view(views::narrow(b->buffer, 0, b->offsets[k], p.numel()), p.shape()));
-    }
+    for (size_t k = 0; k < b->params.size(); ++k) params_[b->params[k]].set_grad(slot(*b, k));
   }
 }
 
@@ -335,14 +380,16 @@ void DistributedDataParallel::on_gradient(int64_t index) {
   // The gradient must live in its bucket slot. If it was dropped after forward (zero_grad between
   // forward and backward), accumulation made a fresh tensor: move it into the slot.
   Bucket& bucket = *buckets_[bucket_of_[index]];
-  allocate(bucket);  // a backward without a forward through this DDP after a stage 2 step
-  const Tensor& p = params_[index];
-  size_t k = std::find(bucket.params.begin(), bucket.params.end(), index) - bucket.params.begin();
-  Tensor slot = views::view(views::narrow(bucket.buffer, 0, bucket.offsets[k], p.numel()), p.shape());
-  Tensor g = p.grad();
-  if (!g.storage().is_same(bucket.buffer.storage()) || g.offset() != slot.offset()) {
-    kernels::copy_(slot, g);
-    p.set_grad(slot);
+  if (!gradients_in_place_) {
+    allocate(bucket);  // a backward without a forward through this DDP after a stage 2 step
+    const Tensor& p = params_[index];
+    size_t k = std::find(bucket.params.begin(), bucket.params.end(), index) - bucket.params.begin();
+    Tensor s = slot(bucket, k);
+    Tensor g = p.grad();
+    if (!g.storage().is_same(bucket.buffer.storage()) || g.offset() != s.offset()) {
+      kernels::copy_(s, g);
+      p.set_grad(s);
+    }
   }
   ready_[index] = true;
   ++gradients_seen_;
@@ -370,9 +417,12 @@ void DistributedDataParallel::launch(Bucket& b) {
   if (scatter) {
     b.work = group_->reduce_scatter(b.shard, b.comm, ReduceOp::avg, label);
     // This rank keeps only its shard: the Work holds the full bucket until the collective is done,
-    // then it goes back to the allocator. The next forward makes a new one.
-    for (int64_t i : b.params) params_[i].set_grad(Tensor());
-    b.buffer = Tensor();
+    // then it goes back to the allocator. The next forward makes a new one. (In a world of one the
+    // shard is the bucket, which stays.)
+    if (!gradients_in_place_) {  // else finish_backward drops them, after ZeRO took them
+      for (int64_t i : b.params) params_[i].set_grad(Tensor());
+    }
+    if (!b.shard.is_same(b.buffer)) b.buffer = Tensor();
     b.comm = Tensor();
   } else {
     b.work = group_->all_reduce(b.comm, ReduceOp::avg, label);
@@ -394,8 +444,19 @@ void DistributedDataParallel::finish_backward() {
     if (ready_[i]) continue;
     if (!options_.find_unused_parameters) unused.push_back(names_[i]);
     ready_[i] = true;
-    --buckets_[bucket_of_[i]]->pending;
+    Bucket& b = *buckets_[bucket_of_[i]];
+    --b.pending;
+    // An unused parameter's gradient is zero, as in a bucket zeroed before backward.
+    const size_t k = std::find(b.params.begin(), b.params.end(), static_cast<int64_t>(i)) - b.params.begin();
+    if (gradients_in_place_) {
+      if (!params_[i].grad().defined()) params_[i].set_grad(zeros(params_[i].shape(), params_[i].options()));
+    } else if (b.stale) {
+      Tensor s = slot(b, k);
+      kernels::fill_(s, 0.0);
+      params_[i].set_grad(s);
+    }
   }
+  for (auto& b : buckets_) b->stale = false;  // every slot holds this backward's gradient now
   if (!unused.empty()) {
     std::string list;
     for (size_t k = 0; k < unused.size() && k < 10; ++k) list += (k ? ", " : "") + unused[k];
@@ -423,7 +484,7 @@ void DistributedDataParallel::finish_backward() {
   for (auto& b : buckets_) {
     // The bucket launched last may stay in flight for step() to overlap (only on GPUs: on the
     // CPU the host would block in either place).
-    if (options_.overlap_optimizer && gpu && b == buckets_.back() && buckets_.size() > 1) {
+    if (options_.overlap_optimizer && gpu && b == buckets_.back() && buckets_.size() > 1 && group_->size() > 1) {
       in_flight_ = b.get();
       continue;
     }
@@ -445,6 +506,12 @@ void DistributedDataParallel::finish_backward() {
   }
   stats_.total_gradients = static_cast<int64_t>(params_.size());
   stats_pending_ = true;
+  if (gradients_in_place_) {
+    if (after_backward_) after_backward_();
+    if (options_.zero_stage == 2) {
+      for (const Tensor& p : params_) p.set_grad(Tensor());
+    }
+  }
 }
 
 void DistributedDataParallel::wait_for_gradients() {
@@ -525,39 +592,6 @@ Tensor DistributedDataParallel::gradient_shard(size_t bucket) const {
   TANDEM_CHECK_AS(ValueError, options_.zero_stage == 1, "DistributedDataParallel: gradient shards need zero_stage 1 or 2");
   const int64_t n = b.numel / group_->size();
   return views::narrow(b.buffer, 0, group_->rank() * n, n);
-}
-
-DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world_size, bool shuffle, uint64_t seed,
-                                       bool drop_last)
-    : dataset_size_(dataset_size), rank_(rank), world_size_(world_size), shuffle_(shuffle), seed_(seed),
-      drop_last_(drop_last) {
-  TANDEM_CHECK_AS(ValueError, world_size >= 1 && rank >= 0 && rank < world_size, "DistributedSampler: rank ", rank,
-                  " is not in a world of ", world_size);
-  TANDEM_CHECK_AS(ValueError, dataset_size >= 0, "DistributedSampler: negative dataset size");
-  num_samples_ = drop_last ? dataset_size / world_size : (dataset_size + world_size - 1) / world_size;
-}
-
-int64_t DistributedSampler::num_real_samples() const {
-  // This rank takes positions rank, rank + world, ... of the padded order; those below the
-  // dataset size are real.
-  int64_t real = dataset_size_ > rank_ ? (dataset_size_ - rank_ + world_size_ - 1) / world_size_ : 0;
-  return std::min(real, num_samples_);
-}
-
-std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
-  std::vector<int64_t> order(static_cast<size_t>(dataset_size_));
-  if (shuffle_) {
-    Generator gen(seed_ + static_cast<uint64_t>(epoch));
-    order = randperm(dataset_size_, &gen).to_vector<int64_t>();
-  } else {
-    for (int64_t i = 0; i < dataset_size_; ++i) order[i] = i;
-  }
-  int64_t total = num_samples_ * world_size_;
-  // Pad by wrapping around (a dataset smaller than the world repeats as often as needed).
-  for (int64_t i = dataset_size_; i < total && dataset_size_ > 0; ++i) order.push_back(order[i % dataset_size_]);
-  std::vector<int64_t> mine;
-  for (int64_t i = rank_; i < total; i += world_size_) mine.push_back(order[i]);
-  return mine;
 }
 
 }  // namespace tandem::dist

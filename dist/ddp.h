@@ -9,6 +9,9 @@
 // its bucket down; a complete bucket's all-reduce is launched right away on the communication
 // stream, in bucket order on every rank. When backward ends, the compute stream waits on the
 // buckets' completion events — the host never blocks. Averaging happens in the collective.
+// In a world of one at zero_stage 0 without comm_dtype the averages are the gradients themselves:
+// they stay where backward puts them, and the buckets' collectives launch nothing (they still
+// count for check_in_sync).
 #include <functional>
 #include <memory>
 #include <optional>
@@ -54,7 +57,7 @@ struct DdpOptions {
   // contiguous shard of it. Stage 2 reduce-scatters each bucket as it completes (instead of the
   // all-reduce): a rank keeps only its shard of the averaged gradients, and the full bucket is
   // released once its collective is done (the parameters' .grad are then undefined until the next
-  // forward). comm_dtype and overlap_optimizer are for stage 0 only.
+  // backward). comm_dtype and overlap_optimizer are for stage 0 only.
   int zero_stage = 0;
   // An explicit plan (dist/bucket_plan.h: plan_buckets, decide_bucket_plan): parameter indices in
   // registration order, bucket by bucket in launch order, each parameter once, one dtype per
@@ -138,6 +141,12 @@ class DistributedDataParallel {
   Tensor gradient_shard(size_t bucket) const;
   // Called at the start of every forward (ZeRO waits there for the parameters' all-gathers).
   void set_before_forward(std::function<void()> callback) { before_forward_ = std::move(callback); }
+  // A world of one without comm_dtype: the averaged gradients are the parameters' own .grad
+  // (backward's tensors, not bucket views), and gradient_shard() holds nothing. At the end of each
+  // synchronised backward `after_backward` is called while they are still set; under zero_stage 2
+  // they are dropped after it.
+  bool gradients_in_place() const { return gradients_in_place_; }
+  void set_after_backward(std::function<void()> callback) { after_backward_ = std::move(callback); }
 
  private:
   struct Bucket;
@@ -152,6 +161,7 @@ class DistributedDataParallel {
   void finish_backward();
   void broadcast_from_rank0(const std::vector<Tensor>& tensors, const std::string& label);
   void allocate(Bucket& bucket);
+  Tensor slot(const Bucket& bucket, size_t k) const;  // parameter k's gradient view in the bucket
 
   std::shared_ptr<nn::Module> module_;
   DdpOptions options_;
@@ -171,6 +181,9 @@ class DistributedDataParallel {
   size_t next_to_launch_ = 0;
   Bucket* in_flight_ = nullptr;  // the bucket overlap_optimizer left in flight after backward
   bool sync_enabled_ = true;
+  // A world of one with no comm_dtype: every all-reduce (reduce-scatter) is the identity, so the
+  // gradients stay where backward puts them (as without DDP); the collectives still count.
+  bool gradients_in_place_ = false;
   int64_t steps_ = 0;  // synchronised backwards so far; the current one's number while it runs
   int64_t parameters_checked_at_ = 0;
   bool backward_active_ = false;
@@ -180,6 +193,7 @@ class DistributedDataParallel {
   std::unique_ptr<Timing> timing_;
   Timeline* timeline_ = nullptr;
   std::function<void()> before_forward_;
+  std::function<void()> after_backward_;
   // The hooks on the parameters reach this object through here; the destructor clears it, so a
   // module that outlives its DDP wrapper never calls into freed memory.
   std::shared_ptr<DistributedDataParallel*> self_;

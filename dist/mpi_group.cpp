@@ -15,6 +15,7 @@
 #include <thread>
 #include <utility>
 
+#include "tandem/core/kernels.h"
 #include "tandem/dist/check.h"
 #include "tandem/dist/internal.h"
 #include "tandem/dist/work_tracker.h"
@@ -320,6 +321,7 @@ class MpiGroup final : public TrackedGroup {
       };
     }
     auto fingerprint = Fingerprint::make(name, count_sum, tensors[0].dtype(), op, -1, label);
+    if (core_->size == 1) return complete_alone(name, w->bytes, fingerprint);  // sum, avg, max, min of one: itself
     std::lock_guard<std::mutex> lock(mpi_mutex());
     return core_->post(w, fingerprint, std::move(starts));
   }
@@ -336,6 +338,7 @@ class MpiGroup final : public TrackedGroup {
     void* data = tensor.data_ptr();
     MPI_Datatype type = transfer_type(tensor.dtype());
     auto fingerprint = Fingerprint::make(name, count, tensor.dtype(), std::nullopt, root, label);
+    if (core_->size == 1) return complete_alone(name, tensor.nbytes(), fingerprint);
     std::lock_guard<std::mutex> lock(mpi_mutex());
     return core_->post(w, fingerprint, {{"MPI_Ibcast", [this, data, count, type, root](MPI_Request* r) {
                               return MPI_Ibcast(data, count, type, root, core_->comm, r);
@@ -347,6 +350,11 @@ class MpiGroup final : public TrackedGroup {
     bool in_place = check_all_gather(output, input, core_->rank, core_->size, Device(), kBackend);
     int count = count_of(input, name);
     count_of(output, name);
+    auto fingerprint = Fingerprint::make(name, count, input.dtype(), std::nullopt, -1, label);
+    if (core_->size == 1) {
+      if (!in_place) kernels::copy_(output, input);
+      return complete_alone(name, output.nbytes(), fingerprint);
+    }
     auto w = std::make_shared<MpiWork>();
     w->op = name;
     w->bytes = output.nbytes();
@@ -354,7 +362,6 @@ class MpiGroup final : public TrackedGroup {
     void* send = in_place ? MPI_IN_PLACE : input.data_ptr();
     void* recv = output.data_ptr();
     MPI_Datatype type = transfer_type(input.dtype());
-    auto fingerprint = Fingerprint::make(name, count, input.dtype(), std::nullopt, -1, label);
     std::lock_guard<std::mutex> lock(mpi_mutex());
     return core_->post(w, fingerprint, {{"MPI_Iallgather", [this, send, recv, count, type](MPI_Request* r) {
                               return MPI_Iallgather(send, count, type, recv, count, type, core_->comm, r);
@@ -368,6 +375,10 @@ class MpiGroup final : public TrackedGroup {
     MPI_Datatype type = transfer_type(input.dtype());
     int count = count_of(output, name);
     count_of(input, name);
+    if (core_->size == 1) {
+      if (!in_place) kernels::copy_(output, input);
+      return complete_alone(name, input.nbytes(), Fingerprint::make(name, count, input.dtype(), op, -1, label));
+    }
     // MPI's in-place reduce_scatter has another layout than NCCL's: receive into a temporary instead.
     Tensor target = in_place ? empty(output.shape(), output.options()) : output;
     auto w = std::make_shared<MpiWork>();

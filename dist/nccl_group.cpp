@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "tandem/core/cuda_api.h"
+#include "tandem/core/kernels.h"
 #include "tandem/dist/check.h"
 #include "tandem/dist/internal.h"
 #include "tandem/dist/work_tracker.h"
@@ -249,9 +250,11 @@ class NcclGroup final : public TrackedGroup {
       count += static_cast<size_t>(t.numel());
     }
     check_disjoint(tensors, kBackend, name);
+    const Fingerprint fingerprint = Fingerprint::make(name, count, tensors[0].dtype(), op, -1, label);
+    if (core_->size == 1) return complete_alone(name, bytes, fingerprint);  // sum, avg, max, min of one: itself
     auto w = new_state(name, bytes, tensors);
     std::lock_guard<std::mutex> lock(core_->mutex);
-    return core_->launch(w, Fingerprint::make(name, count, tensors[0].dtype(), op, -1, label), [&] {
+    return core_->launch(w, fingerprint, [&] {
       ncclComm_t comm = core_->comm;
       if (tensors.size() == 1) {
         const Tensor& t = tensors[0];
@@ -275,6 +278,7 @@ class NcclGroup final : public TrackedGroup {
     check_root(root, core_->size, kBackend);
     auto w = new_state("broadcast", tensor.nbytes(), {tensor});
     auto fingerprint = Fingerprint::make("broadcast", tensor.numel(), tensor.dtype(), std::nullopt, root, label);
+    if (core_->size == 1) return complete_alone("broadcast", tensor.nbytes(), fingerprint);
     std::lock_guard<std::mutex> lock(core_->mutex);
     return core_->launch(w, fingerprint, [&] {
       return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
@@ -284,9 +288,13 @@ class NcclGroup final : public TrackedGroup {
 
   std::shared_ptr<Work> all_gather(const Tensor& output, const Tensor& input, const std::string& label) override {
     const char* name = "all_gather";
-    check_all_gather(output, input, core_->rank, core_->size, device(), kBackend);  // NCCL does in place itself
-    auto w = new_state(name, output.nbytes(), {output, input});
+    const bool in_place = check_all_gather(output, input, core_->rank, core_->size, device(), kBackend);
     auto fingerprint = Fingerprint::make(name, input.numel(), input.dtype(), std::nullopt, -1, label);
+    if (core_->size == 1) {
+      if (!in_place) kernels::copy_(output, input);  // on the caller's stream, where the result is awaited
+      return complete_alone(name, output.nbytes(), fingerprint);
+    }
+    auto w = new_state(name, output.nbytes(), {output, input});  // NCCL does in place itself
     std::lock_guard<std::mutex> lock(core_->mutex);
     return core_->launch(w, fingerprint, [&] {
       return ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
@@ -297,9 +305,13 @@ class NcclGroup final : public TrackedGroup {
   std::shared_ptr<Work> reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op,
                                        const std::string& label) override {
     const char* name = "reduce_scatter";
-    check_reduce_scatter(output, input, op, core_->rank, core_->size, device(), kBackend);
-    auto w = new_state(name, input.nbytes(), {output, input});
+    const bool in_place = check_reduce_scatter(output, input, op, core_->rank, core_->size, device(), kBackend);
     auto fingerprint = Fingerprint::make(name, output.numel(), input.dtype(), op, -1, label);
+    if (core_->size == 1) {
+      if (!in_place) kernels::copy_(output, input);  // on the caller's stream, where the result is awaited
+      return complete_alone(name, input.nbytes(), fingerprint);
+    }
+    auto w = new_state(name, input.nbytes(), {output, input});
     std::lock_guard<std::mutex> lock(core_->mutex);
     return core_->launch(w, fingerprint, [&] {
       return ncclReduceScatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),

@@ -305,6 +305,19 @@ uint64_t TrackedGroup::collectives_issued() const {
   return tracker_->last_seq;
 }
 
+std::shared_ptr<Work> TrackedGroup::complete_alone(const char* op, size_t bytes, const Fingerprint& fingerprint) {
+  auto w = std::make_shared<TrackedWork>();
+  w->op = op;
+  w->bytes = bytes;
+  std::lock_guard<std::mutex> lock(tracker_->mutex);
+  tracker_->check_usable(op, bytes);
+  tracker_->stamp(*w, fingerprint);
+  tracker_->mark_started(*w);
+  w->elapsed_ms = 0;
+  tracker_->complete(*w);
+  return std::make_shared<TrackedWorkHandle>(tracker_, w);
+}
+
 void TrackedGroup::abort(const std::string& reason) {
   std::lock_guard<std::mutex> lock(tracker_->mutex);
   tracker_->fail(::tandem::detail::concat("rank ", tracker_->rank, ": the ", tracker_->backend,

@@ -142,6 +142,12 @@ class TrackedGroup : public ProcessGroup {
   void abort(const std::string& reason) override;
 
  protected:
+  // A group of one, where a collective's result is its input (the caller has made the one copy an
+  // out-of-place collective needs): nothing is launched, yet it counts as any collective (sequence
+  // number, fingerprint, flight recorder), so the cross-rank checks see the same sequence, and its
+  // Work is complete at once.
+  std::shared_ptr<Work> complete_alone(const char* op, size_t bytes, const Fingerprint& fingerprint);
+
   std::shared_ptr<WorkTracker> tracker_;
 };
 

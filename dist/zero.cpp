@@ -51,6 +51,11 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp,
   ddp_.set_before_forward([self = self_] {
     if (*self != nullptr) (*self)->wait_for_parameters();
   });
+  if (ddp_.gradients_in_place()) {
+    ddp_.set_after_backward([self = self_] {
+      if (*self != nullptr) (*self)->take_parameter_gradients();
+    });
+  }
 }
 
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() {
@@ -110,7 +115,8 @@ void ZeroRedundancyOptimizer::make_pieces() {
       const int64_t start = std::max(offset[i], lo), end = std::min(offset[i] + p.numel(), hi);
       if (start >= end) continue;
       Tensor piece = views::narrow(flat_params_[b], 0, start, end - start);  // (length,)
-      piece.set_grad(views::narrow(ddp_.gradient_shard(b), 0, start - lo, end - start));
+      // In a world of one the pieces take the parameters' own gradients after each backward.
+      if (!ddp_.gradients_in_place()) piece.set_grad(views::narrow(ddp_.gradient_shard(b), 0, start - lo, end - start));
       bucket_of_piece_[piece.data_ptr()] = b;
       mine.push_back(piece);
       pieces.push_back(Piece{b, i, start - offset[i], end - start});
@@ -133,12 +139,15 @@ void ZeroRedundancyOptimizer::step_impl(const optim::StepScaling* scaling,
   }
   const int64_t world = group_->size(), rank = group_->rank();
   stats_ = ZeroStats{};
+  // In a world of one the all-gathers move nothing and there is nothing to overlap: one update
+  // over every piece, so the fused kernels get them all at once, as without ZeRO.
+  if (world == 1) Optimizer::step_impl(scaling, nullptr);
   for (size_t b = 0; b < flat_params_.size(); ++b) {
     std::function<bool(const Tensor&)> in_bucket = [&](const Tensor& piece) {
       auto found = bucket_of_piece_.find(piece.data_ptr());
       return found != bucket_of_piece_.end() && found->second == b;
     };
-    Optimizer::step_impl(scaling, &in_bucket);
+    if (world > 1) Optimizer::step_impl(scaling, &in_bucket);
     // Gather while the next buckets are updated.
     Tensor& flat = flat_params_[b];
     const int64_t shard = flat.numel() / world;
@@ -198,8 +207,25 @@ const ZeroStats& ZeroRedundancyOptimizer::stats() {
   return stats_;
 }
 
+void ZeroRedundancyOptimizer::take_parameter_gradients() {
+  NoGradGuard no_grad;
+  const std::vector<Tensor>& params = ddp_.parameters();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t j = 0; j < pieces_[g].size(); ++j) {
+      const Piece& piece = pieces_[g][j];
+      const Tensor grad = params[piece.param].grad();
+      groups_[g]->params[j].set_grad(
+          grad.defined() ? views::narrow(views::reshape(grad, {grad.numel()}), 0, piece.start, piece.length) : Tensor());
+    }
+  }
+}
+
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
   NoGradGuard no_grad;
+  // In a world of one the pieces' gradients are the parameters': dropped with them.
+  if (ddp_.gradients_in_place() && set_to_none) {
+    for (const Tensor& piece : params()) piece.set_grad(Tensor());
+  }
   for (const Tensor& p : ddp_.parameters()) {
     Tensor grad = p.grad();
     if (!grad.defined()) continue;

@@ -20,6 +20,8 @@
 // Stage 1: gradients are all-reduced as in DDP; each rank updates its shard. Stage 2: each bucket
 // is reduce-scattered as it completes during backward, so a rank only ever holds its shard of the
 // averaged gradients (the full bucket lives from the first gradient to its collective).
+// In a world of one (no comm_dtype) the collectives move nothing: the pieces' gradients are views
+// of the parameters' own, taken at the end of each backward, and the update is one fused call.
 //
 // Overlap: step() updates the shards bucket by bucket and launches each bucket's parameter
 // all-gather as soon as its shard is updated, so a gather travels while the next buckets are
@@ -112,6 +114,8 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
 
   void make_flat_parameters();
   void make_pieces();
+  // A world of one: each piece's gradient becomes a view of its parameter's own .grad.
+  void take_parameter_gradients();
 
   DistributedDataParallel& ddp_;
   std::unique_ptr<optim::Optimizer> inner_;

@@ -95,6 +95,53 @@ TEST(Fingerprint, NcclGroupCountsCollectivesAndItsRanksAgree) {
   check_bookkeeping(*world().gpu_group, world().device);
 }
 
+// In a world of one a collective launches nothing, yet it takes its sequence number (so the
+// cross-rank checks and the flight recorder see it) and its Work is complete at once; its result
+// is the collective's: the input itself, or (out of place) a copy of it.
+void check_world_of_one(ProcessGroup& group, const Device& device) {
+  if (group.size() != 1) GTEST_SKIP() << "a world of one only (this group has " << group.size() << " ranks)";
+  const uint64_t before = group.collectives_issued();
+  Tensor x = to(randn({37}), device), y = to(randn({5}), device);  // (37,), (5,)
+  const Tensor x0 = kernels::to_device(x, Device()), y0 = kernels::to_device(y, Device());
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min}) {
+    std::shared_ptr<Work> work = group.all_reduce(x, op, "a test's all_reduce");
+    EXPECT_TRUE(work->is_completed());
+    work->wait();
+  }
+  group.all_reduce(std::vector<Tensor>{x, y}, ReduceOp::avg, "a test's grouped all_reduce")->wait();
+  group.broadcast(x, 0, "a test's broadcast")->wait();
+  group.all_gather(x, x, "a test's all_gather in place")->wait();
+  group.reduce_scatter(x, x, ReduceOp::avg, "a test's reduce_scatter in place")->wait();
+  Tensor gathered = to(zeros({37}), device), scattered = to(zeros({37}), device);  // (37,) each
+  group.all_gather(gathered, x, "a test's all_gather")->wait();
+  group.reduce_scatter(scattered, x, ReduceOp::sum, "a test's reduce_scatter")->wait();
+  EXPECT_EQ(group.collectives_issued(), before + 10);
+  EXPECT_NO_THROW(group.check_in_sync("the end of a test"));
+  for (const Tensor& t : {x, gathered, scattered}) {
+    EXPECT_TRUE(::tandem::testing::all_close(kernels::to_device(t, Device()), x0, 0.0, 0.0));
+  }
+  EXPECT_TRUE(::tandem::testing::all_close(kernels::to_device(y, Device()), y0, 0.0, 0.0));
+
+  // DDP's buckets count too: one all-reduce each per step.
+  manual_seed(5);
+  auto model = std::make_shared<nn::Linear>(16, 8, true, TensorOptions(DType::f32, device));
+  DdpOptions options;
+  options.first_bucket_mb = 0.0001;  // two buckets
+  DistributedDataParallel ddp(model, options);
+  ASSERT_EQ(&ddp.group(), &group);
+  const uint64_t before_step = group.collectives_issued();
+  sum(ddp(to(randn({4, 16}), device))).backward();
+  EXPECT_EQ(group.collectives_issued(), before_step + ddp.bucket_plan().size());
+  EXPECT_EQ(ddp.bucket_plan().size(), 2u);
+}
+
+TEST(Fingerprint, MpiGroupOfOneCountsCollectivesItLaunchesNot) { check_world_of_one(*world().cpu_group, Device()); }
+
+TEST(Fingerprint, NcclGroupOfOneCountsCollectivesItLaunchesNot) {
+  TANDEM_REQUIRE_NCCL();
+  check_world_of_one(*world().gpu_group, world().device);
+}
+
 // DDP on this rank's device (the NCCL group on a GPU, even in a world of one) with both checks on
 // every step: its labelled buckets count as collectives and the ranks agree throughout.
 TEST(Fingerprint, DdpChecksEveryStepOnItsGroup) {

@@ -67,6 +67,7 @@ Workload gpt2_workload() {
 
 struct RunOptions {
   int stage = 0;
+  bool ddp = true;               // false: the model alone, no DistributedDataParallel (stage 0 only)
   DType dtype = DType::f32;
   int steps = 20;
   double clip = 0;               // max_norm, 0 for none
@@ -99,14 +100,15 @@ RunResult train(const Workload& work, const RunOptions& run) {
   ddp_options.zero_stage = run.stage;
   ddp_options.first_bucket_mb = 0.01;  // several buckets even for small models
   ddp_options.bucket_cap_mb = 0.05;
-  DistributedDataParallel ddp(model, ddp_options);
+  std::unique_ptr<DistributedDataParallel> ddp;
+  if (run.ddp) ddp = std::make_unique<DistributedDataParallel>(model, ddp_options);
   std::unique_ptr<optim::Optimizer> made;
   if (run.sgd) made = std::make_unique<optim::SGD>(model->parameters(), optim::SgdOptions{0.01, 0.9});
   else made = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{1e-3, 0.9, 0.999, 1e-8, 0.01});
   std::unique_ptr<ZeroRedundancyOptimizer> zero;
   optim::Optimizer* opt = made.get();
   if (run.stage > 0) {
-    zero = std::make_unique<ZeroRedundancyOptimizer>(ddp, std::move(made));
+    zero = std::make_unique<ZeroRedundancyOptimizer>(*ddp, std::move(made));
     opt = zero.get();
   }
   amp::GradScalerOptions scaler_options;
@@ -122,9 +124,10 @@ RunResult train(const Workload& work, const RunOptions& run) {
       auto [x, y] = work.batch(s * run.accumulate + m, w.rank);
       if (s == run.overflow_step && w.rank == 0 && m == 0) x.data<float>()[0] = std::numeric_limits<float>::infinity();
       if (is_floating(x.dtype())) x = to(x, run.dtype);
-      auto backward = [&] { scaler.scale(work.loss(ddp(to(x, device)), to(y, device))).backward(); };
-      if (m + 1 < run.accumulate) {
-        auto guard = ddp.no_sync();
+      auto forward = [&](const Tensor& input) { return ddp ? (*ddp)(input) : (*model)(input); };
+      auto backward = [&] { scaler.scale(work.loss(forward(to(x, device)), to(y, device))).backward(); };
+      if (m + 1 < run.accumulate && ddp) {
+        auto guard = ddp->no_sync();
         backward();
       } else {
         backward();
@@ -247,20 +250,82 @@ TEST(Zero, Bf16WithMasterWeightsMatchesStageZero) {
   expect_stages_match(gpt2_workload(), run, 2e-2);
 }
 
-// f16 with a GradScaler: the overflow on rank 0 at step 3 lies in one rank's shard only, yet
-// every rank skips that step (the flag's max over ranks), as in stage 0.
-TEST(Zero, F16GradScalerOverflowIsSkippedOnEveryRank) {
+// f16 parameters and a GradScaler, with an infinite input on rank 0 at `overflow_step`.
+RunOptions f16_with_overflow_at(int64_t overflow_step, int steps) {
   RunOptions run;
   run.dtype = DType::f16;
   run.scaler = true;
-  run.overflow_step = 3;
-  run.steps = 8;
+  run.overflow_step = overflow_step;
+  run.steps = steps;
+  return run;
+}
+
+// f16 with a GradScaler: the overflow on rank 0 at step 3 lies in one rank's shard only, yet
+// every rank skips that step (the flag's max over ranks), as in stage 0.
+TEST(Zero, F16GradScalerOverflowIsSkippedOnEveryRank) {
+  RunOptions run = f16_with_overflow_at(3, 8);
   run.clip = 1.0;
   RunResult reference = train(image_workload("mlp"), run);
   ASSERT_EQ(reference.skipped.size(), 8u);
   EXPECT_TRUE(reference.skipped[3]);
   EXPECT_FALSE(reference.skipped[2]);
   expect_stages_match(image_workload("mlp"), run, 2e-2);
+}
+
+// In a world of one the collectives are the identity: DDP and both ZeRO stages give the bits of
+// the model trained alone, with dropped gradients (zero_grad), accumulation under no_sync(), 16-bit
+// parameters with master weights, and a GradScaler step that overflows. On GPUs, where library
+// kernels (cuDNN's weight gradients, atomics) need not sum in the same order twice, within
+// `gpu_tolerance` relative.
+void expect_world_of_one_matches_training_alone(const Workload& work, RunOptions run, double gpu_tolerance = 1e-6) {
+  if (dist::world().size != 1) GTEST_SKIP() << "a world of one only (this run has " << dist::world().size << " ranks)";
+  run.ddp = false;
+  RunResult alone = train(work, run);
+  run.ddp = true;
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    run.stage = stage;
+    RunResult wrapped = train(work, run);
+    if (run.device.is_cuda()) {
+      EXPECT_LE(max_relative_difference(wrapped, alone), gpu_tolerance);
+    } else {
+      EXPECT_TRUE(bitwise_equal(wrapped, alone)) << "largest relative difference "
+                                                 << max_relative_difference(wrapped, alone);
+      EXPECT_EQ(wrapped.norms, alone.norms);
+    }
+    EXPECT_EQ(wrapped.skipped, alone.skipped);
+  }
+}
+
+TEST(ZeroWorldOfOne, Gpt2GivesTheBitsOfTrainingAlone) {
+  RunOptions run;
+  run.steps = 6;
+  expect_world_of_one_matches_training_alone(gpt2_workload(), run);
+}
+
+TEST(ZeroWorldOfOne, ClippedMlpGivesTheBitsOfTrainingAlone) {
+  RunOptions run;
+  run.steps = 6;
+  run.clip = 0.05;  // every step clips
+  expect_world_of_one_matches_training_alone(image_workload("mlp"), run);
+}
+
+TEST(ZeroWorldOfOne, CnnWithAccumulationUnderNoSyncGivesTheBitsOfTrainingAlone) {
+  RunOptions run;
+  run.steps = 4;
+  run.accumulate = 3;
+  expect_world_of_one_matches_training_alone(image_workload("cnn"), run);
+}
+
+TEST(ZeroWorldOfOne, Bf16WithMasterWeightsGivesTheBitsOfTrainingAlone) {
+  RunOptions run;
+  run.steps = 6;
+  run.dtype = DType::bf16;
+  expect_world_of_one_matches_training_alone(gpt2_workload(), run, 2e-2);
+}
+
+TEST(ZeroWorldOfOne, F16GradScalerOverflowGivesTheBitsOfTrainingAlone) {
+  expect_world_of_one_matches_training_alone(image_workload("mlp"), f16_with_overflow_at(2, 5), 2e-2);
 }
 
 // Each rank keeps 1/N of the state (plus the padding of its buckets' shards).
