@@ -36,7 +36,8 @@ class Work {
   virtual void synchronize() = 0;
   virtual bool is_completed() = 0;  // non-blocking query; also true once the collective failed
   // Device time of the collective once completed (CUDA events), else -1. MPI: host time from
-  // posting the collective until its completion was seen.
+  // posting the collective until its completion was seen. 0 in a group of one, which launches
+  // nothing where the result equals the input.
   virtual double elapsed_ms() = 0;
 };
 
