@@ -25,6 +25,9 @@ namespace tandem {
   void fill(const Tensor& dst, double value);                                                       \
   /* x (outer, reduced, inner) contiguous; out (outer, inner) contiguous */                        \
   void reduce(ReduceOp op, const Tensor& x, const Tensor& out);                                     \
+  /* x contiguous, its data 8-byte aligned; out (1,) i64 gets the wrapping sum over x's 8-byte      \
+     words (the last zero-padded) of hashing::mix(word, index) (core/content_hash.h) */             \
+  void content_hash(const Tensor& x, const Tensor& out);                                            \
   /* x, out (outer, n, inner) contiguous; softmax along the middle dim */                          \
   void softmax(const Tensor& x, const Tensor& out, bool log);                                       \
   void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& out, bool log);          \

@@ -3,8 +3,10 @@
 #include "tandem/core/reduce.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/content_hash.h"
 #include "tandem/core/kernel_checks.h"
 #include "tandem/core/copy.h"
 #include "tandem/core/views.h"
@@ -91,6 +93,38 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
   }
   Tensor summed = dims.empty() ? grad : reduce(ReduceOp::sum, grad, dims, true);
   return views::reshape(summed, shape);
+}
+
+std::vector<uint64_t> content_hashes(const std::vector<Tensor>& tensors) {
+  std::vector<uint64_t> digests(tensors.size());
+  std::vector<Device> devices;                  // the tensors' devices, in first-seen order
+  std::vector<std::vector<size_t>> members;     // members[d]: indices of the tensors on devices[d]
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    size_t d = std::find(devices.begin(), devices.end(), tensors[i].device()) - devices.begin();
+    if (d == devices.size()) {
+      devices.push_back(tensors[i].device());
+      members.emplace_back();
+    }
+    members[d].push_back(i);
+  }
+  for (size_t d = 0; d < devices.size(); ++d) {
+    const int64_t k = static_cast<int64_t>(members[d].size());
+    Tensor slots = empty({k}, TensorOptions(DType::i64, devices[d]));  // (k,) one digest per tensor
+    fill_(slots, 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      const Tensor& t = tensors[members[d][j]];
+      Tensor words = contiguous(t);
+      // The kernel reads 8-byte words: a view that starts mid-word is read from a copy.
+      if (reinterpret_cast<uintptr_t>(words.data_ptr()) % 8 != 0) words = clone(t);
+      TANDEM_ROUTE(devices[d], content_hash, words, views::narrow(slots, 0, j, 1));
+    }
+    const std::vector<int64_t> sums = to_device(slots, Device()).to_vector<int64_t>();
+    for (int64_t j = 0; j < k; ++j) {
+      const size_t i = members[d][j];
+      digests[i] = hashing::mix(static_cast<uint64_t>(sums[j]), tensors[i].nbytes());  // the length too
+    }
+  }
+  return digests;
 }
 
 }  // namespace kernels

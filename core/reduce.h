@@ -19,5 +19,10 @@ Tensor reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, bo
 // Sums a broadcast gradient back down to `shape` (the inverse of expanding shape to grad's).
 Tensor sum_to(const Tensor& grad, const Shape& shape);
 
+// A 64-bit digest of each tensor's bytes (in its contiguous layout), computed on the device the
+// tensor lives on and read back once per device: equal bytes give equal digests on every device,
+// so ranks compare parameters without copying them to the host (core/content_hash.h).
+std::vector<uint64_t> content_hashes(const std::vector<Tensor>& tensors);
+
 }  // namespace kernels
 }  // namespace tandem

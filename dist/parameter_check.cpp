@@ -8,20 +8,12 @@
 
 namespace tandem::dist {
 
-uint64_t parameter_hash(const Tensor& parameter) {
-  Tensor host = kernels::contiguous(kernels::to_device(parameter, Device()));
-  const auto* p = static_cast<const unsigned char*>(host.data_ptr());
-  uint64_t hash = 1469598103934665603ull;
-  for (size_t i = 0; i < host.nbytes(); ++i) hash = (hash ^ p[i]) * 1099511628211ull;
-  return hash;
-}
-
 void check_parameters_agree(const std::vector<std::string>& names, const std::vector<Tensor>& parameters,
                             int64_t step, double timeout_seconds) {
   const World& w = world();
   const size_t n = parameters.size();
-  std::vector<uint64_t> mine(n);  // (n,) one hash per parameter
-  for (size_t i = 0; i < n; ++i) mine[i] = parameter_hash(parameters[i]);
+  // (n,) one digest per parameter, computed on the parameters' device (one read-back per device).
+  const std::vector<uint64_t> mine = kernels::content_hashes(parameters);
   std::vector<uint8_t> bytes = internal::host_all_gather(mine.data(), n * sizeof(uint64_t), timeout_seconds);
   std::vector<uint64_t> all(static_cast<size_t>(w.size) * n);  // (size * n,)
   std::memcpy(all.data(), bytes.data(), all.size() * sizeof(uint64_t));

@@ -1,7 +1,8 @@
 #pragma once
 // The cross-rank parameter-divergence check that DistributedDataParallel runs every
-// DdpOptions::check_parameters_every steps: each rank hashes the bits of every parameter, the
-// ranks all-gather the hashes (one small host-side collective over MPI), and when one differs, that
+// DdpOptions::check_parameters_every steps: each rank hashes the bits of every parameter on the
+// parameter's own device (kernels::content_hashes: one small kernel per parameter, one read-back
+// of 8 bytes per parameter), the ranks all-gather the hashes (one small host-side collective over MPI), and when one differs, that
 // parameter's values travel once more so the error can name the largest difference:
 //   "parameters differ between ranks at step 12: the first that differs is 'fc1.weight' ([64, 32]
 //    f32): rank 1 differs from rank 0 by up to 0.25 (at element 17); ranks 1 differ"
@@ -13,9 +14,6 @@
 #include "tandem/core/tensor.h"
 
 namespace tandem::dist {
-
-// FNV-1a of the parameter's bytes (copied to the host first when it lives on a GPU).
-uint64_t parameter_hash(const Tensor& parameter);
 
 // Compares every rank's parameters (same names, same order everywhere); `step` goes into the error.
 // Needs dist::init(); a world of one always agrees.

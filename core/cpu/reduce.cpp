@@ -1,10 +1,14 @@
 // CPU reductions, softmax and the fused cross-entropy. Float types accumulate in double here:
 // the CPU backend is the reference the CUDA backend is checked against.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/content_hash.h"
 #include "tandem/core/dispatch.h"
 #include "tandem/core/scalar_math.h"
 
@@ -70,6 +74,18 @@ void reduce_typed(ReduceOp op, const Tensor& x, const Tensor& out) {
 
 void reduce(ReduceOp op, const Tensor& x, const Tensor& out) {
   dispatch_numeric(x.dtype(), reduce_op_name(op), "cpu", [&](auto tag) { reduce_typed<decltype(tag)>(op, x, out); });
+}
+
+void content_hash(const Tensor& x, const Tensor& out) {
+  const auto* bytes = static_cast<const unsigned char*>(x.data_ptr());
+  const size_t n = x.nbytes();
+  uint64_t sum = 0;
+  for (size_t i = 0; i * 8 < n; ++i) {
+    uint64_t word = 0;  // little-endian, as the GPU assembles the last, partial word
+    std::memcpy(&word, bytes + i * 8, std::min<size_t>(8, n - i * 8));
+    sum += hashing::mix(word, i);
+  }
+  *static_cast<int64_t*>(out.data_ptr()) = static_cast<int64_t>(sum);
 }
 
 void softmax(const Tensor& x, const Tensor& out, bool log) {

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/content_hash.h"
 #include "tandem/core/cuda/common.cuh"
 #include "tandem/core/scalar_math.h"
 
@@ -186,11 +187,40 @@ void reduce_dispatch_op(ReduceOp op, const Tensor& x, const Tensor& out) {
     case ReduceOp::argmin: return reduce_typed<ReduceOp::argmin, T>(x, out);
   }
 }
+
+// Each thread adds the mixes of a grid-stride set of words; the block's sum goes into *out with an
+// integer atomic add (wrapping, so the order does not matter).
+__global__ void content_hash_kernel(const unsigned char* bytes, size_t nbytes, unsigned long long* out) {
+  const size_t full = nbytes / 8;  // whole words; a partial last one is thread 0's
+  const auto* words = reinterpret_cast<const uint64_t*>(bytes);
+  uint64_t sum = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < full;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    sum += hashing::mix(words[i], i);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0 && full * 8 < nbytes) {
+    uint64_t word = 0;
+    for (size_t k = 0; full * 8 + k < nbytes; ++k) word |= static_cast<uint64_t>(bytes[full * 8 + k]) << (8 * k);
+    sum += hashing::mix(word, full);
+  }
+  using BlockReduce = cub::BlockReduce<unsigned long long, 256>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  const unsigned long long block_sum = BlockReduce(temp).Sum(static_cast<unsigned long long>(sum));
+  if (threadIdx.x == 0) atomicAdd(out, block_sum);
+}
 }  // namespace
 
 void reduce(ReduceOp op, const Tensor& x, const Tensor& out) {
   dispatch_numeric(x.dtype(), reduce_op_name(op), "cuda",
                    [&](auto tag) { reduce_dispatch_op<device_t<decltype(tag)>>(op, x, out); });
+}
+
+void content_hash(const Tensor& x, const Tensor& out) {
+  DeviceGuard guard(x.device().index);
+  const size_t words = (x.nbytes() + 7) / 8;
+  content_hash_kernel<<<blocks_for(static_cast<int64_t>(words), 256, 132 * 8), 256, 0, stream_of(x)>>>(
+      static_cast<const unsigned char*>(x.data_ptr()), x.nbytes(), device_ptr<unsigned long long>(out));
+  check_launch("content_hash");
 }
 
 }  // namespace tandem::cuda

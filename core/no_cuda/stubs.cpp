@@ -65,6 +65,7 @@ void where(const Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda
 void copy(const Tensor&, const Tensor&) { no_cuda("copy"); }
 void fill(const Tensor&, double) { no_cuda("fill"); }
 void reduce(ReduceOp op, const Tensor&, const Tensor&) { no_cuda(reduce_op_name(op)); }
+void content_hash(const Tensor&, const Tensor&) { no_cuda("content_hash"); }
 void softmax(const Tensor&, const Tensor&, bool) { no_cuda("softmax"); }
 void softmax_backward(const Tensor&, const Tensor&, const Tensor&, bool) { no_cuda("softmax_backward"); }
 void cross_entropy_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, double) {

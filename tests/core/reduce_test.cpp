@@ -5,6 +5,7 @@
 
 #include "support/test_util.h"
 #include "tandem/core/kernels.h"
+#include "tandem/core/random.h"
 #include "tandem/core/views.h"
 
 namespace tandem {
@@ -467,6 +468,34 @@ TEST(CrossEntropy, BadInputs) {
         cross_entropy(logits, from_vector(std::vector<int64_t>{0, 1, 2}), options);
       },
       {"label_smoothing", "1.5"}));
+}
+
+// content_hashes: a digest of the bytes, whatever the layout they are read from, that changes
+// when one bit does.
+TEST(ContentHash, EqualBytesGiveEqualDigestsAndOneBitChangesIt) {
+  manual_seed(31);
+  Tensor a = randn({37, 5});                                       // (37, 5) f32: 740 bytes
+  Tensor b = kernels::to_dtype(randn({7, 3}), DType::bf16);        // (7, 3) bf16: 42 bytes, a partial last word
+  Tensor c = randint(0, 256, {13}, DType::u8);                     // (13,) u8
+  Tensor t = views::transpose(randn({6, 9}), 0, 1);                       // (9, 6) strided view
+  Tensor mid = views::narrow(randint(0, 256, {40}, DType::u8), 0, 3, 29);  // starts mid-word
+  std::vector<uint64_t> first = kernels::content_hashes({a, b, c, t, mid});
+  std::vector<uint64_t> again =
+      kernels::content_hashes({kernels::clone(a), kernels::clone(b), kernels::clone(c), kernels::contiguous(t),
+                               kernels::clone(mid)});
+  EXPECT_EQ(first, again);
+  for (size_t i = 0; i < first.size(); ++i) {
+    for (size_t j = i + 1; j < first.size(); ++j) EXPECT_NE(first[i], first[j]) << i << " " << j;
+  }
+  // Flip the lowest bit of one element (the last, in the partial word, for b).
+  Tensor a2 = kernels::clone(a);
+  static_cast<uint32_t*>(a2.data_ptr())[123] ^= 1u;
+  Tensor b2 = kernels::clone(b);
+  static_cast<uint16_t*>(b2.data_ptr())[20] ^= 1u;
+  std::vector<uint64_t> flipped = kernels::content_hashes({a2, b2});
+  EXPECT_NE(flipped[0], first[0]);
+  EXPECT_NE(flipped[1], first[1]);
+  EXPECT_TRUE(kernels::content_hashes({}).empty());
 }
 
 }  // namespace

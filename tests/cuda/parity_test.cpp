@@ -9,6 +9,7 @@
 
 #include "support/test_util.h"
 #include "tandem/core/kernels.h"
+#include "tandem/core/random.h"
 #include "tandem/core/views.h"
 
 namespace tandem {
@@ -307,6 +308,26 @@ TEST(CudaParity, CastsBetweenAllDtypes) {
     }
   }
   cuda::set_poison_allocations(false);
+}
+
+// The GPU digests the same bytes to the same value as the CPU (the divergence check compares ranks
+// with them), for long tensors (many blocks), partial last words and views that start mid-word.
+TEST(CudaParity, ContentHashesMatchTheCpu) {
+  TANDEM_REQUIRE_CUDA();
+  manual_seed(32);
+  const Device gpu(DeviceType::cuda, 0);
+  std::vector<Tensor> cpu_tensors = {
+      randn({1 << 20, 3}),                                   // (1 Mi, 3) f32: many blocks
+      kernels::to_dtype(randn({1001}), DType::bf16),         // (1001,) bf16: a partial last word
+      randint(0, 256, {77}, DType::u8),                      // (77,) u8
+      kernels::to_dtype(randn({5, 7}), DType::f64)};         // (5, 7) f64
+  std::vector<Tensor> gpu_tensors;
+  for (const Tensor& t : cpu_tensors) gpu_tensors.push_back(kernels::to_device(t, gpu));
+  Tensor u8 = randint(0, 256, {64}, DType::u8);
+  cpu_tensors.push_back(views::narrow(u8, 0, 5, 50));                             // a view starting mid-word
+  gpu_tensors.push_back(views::narrow(kernels::to_device(u8, gpu), 0, 5, 50));
+  EXPECT_EQ(kernels::content_hashes(gpu_tensors), kernels::content_hashes(cpu_tensors));
+  EXPECT_EQ(kernels::content_hashes(gpu_tensors), kernels::content_hashes(gpu_tensors));
 }
 
 }  // namespace
