@@ -10,6 +10,16 @@ mpiexec=$3
 numproc_flag=$4
 worker=$5
 shift 5
+# With TANDEM_FAULT_ON_GPU=1 the worker all-reduces a GPU tensor, so NCCL's group times out.
+backend=mpi
+if [ "${TANDEM_FAULT_ON_GPU:-0}" = 1 ]; then
+  backend=nccl
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if [ "$gpus" -lt 2 ]; then
+    echo "stopped_rank_test: skipped: the NCCL case needs 2 GPUs, this machine has $gpus"
+    exit 77
+  fi
+fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
@@ -29,9 +39,9 @@ cat "$dir/analysis"
 problem=""
 if [ "$status" -eq 0 ]; then
   problem="the job exited 0 although rank 1 was stopped"
-elif ! grep -Eq "rank 0: mpi all_reduce of [0-9]+ bytes .*\(#6 'gradients of step 5'\) timed out after" "$dir/log"; then
+elif ! grep -Eq "rank 0: $backend all_reduce of [0-9]+ bytes .*\(#6 'gradients of step 5'\) timed out after" "$dir/log"; then
   problem="the timeout message does not name the collective's sequence number and label"
-elif [ ! -f "$dir/dumps/rank0-mpi.json" ]; then
+elif [ ! -f "$dir/dumps/rank0-$backend.json" ]; then
   problem="rank 0 wrote no flight recorder"
 elif [ "$analyzer_status" -ne 0 ]; then
   problem="dist_analyze.py failed"
