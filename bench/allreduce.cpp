@@ -83,8 +83,8 @@ int main(int argc, char** argv) {
   if (w.rank == 0) {
     std::printf("# tandem %s all_reduce vs %s: %d ranks, f32 sum, %s; median of %d rounds after %d warm-up\n",
                 bench->backend().c_str(), bench->raw_name().c_str(), w.size, w.device.str().c_str(), reps, warmup);
-    std::printf("# %12s  %10s %10s %10s  %10s %10s %10s  %10s\n", "bytes", "tandem ms", "algbw", "busbw", "raw ms",
-                "algbw", "busbw", "tandem/raw");
+    std::printf("# %12s  %10s %10s %10s  %10s %10s %10s  %10s  %s\n", "bytes", "tandem ms", "algbw", "busbw", "raw ms",
+                "algbw", "busbw", "tandem/raw", "host us to issue: tandem raw (rank 0)");
     std::fflush(stdout);
   }
   for (size_t mb = static_cast<size_t>(min_mb); mb <= static_cast<size_t>(max_mb); mb *= 2) {
@@ -96,14 +96,16 @@ int main(int argc, char** argv) {
     double tandem_algbw = static_cast<double>(bytes) / (slowest[0] * 1e-3) / 1e9;
     double raw_algbw = static_cast<double>(bytes) / (slowest[1] * 1e-3) / 1e9;
     double ratio = raw_algbw > 0 ? tandem_algbw / raw_algbw : 0.0;
-    std::printf("  %12zu  %10.4f %10.2f %10.2f  %10.4f %10.2f %10.2f  %10.3f\n", bytes, slowest[0], tandem_algbw,
-                tandem_algbw * bus_factor, slowest[1], raw_algbw, raw_algbw * bus_factor, ratio);
+    std::printf("  %12zu  %10.4f %10.2f %10.2f  %10.4f %10.2f %10.2f  %10.3f  %6.1f %6.1f\n", bytes, slowest[0],
+                tandem_algbw, tandem_algbw * bus_factor, slowest[1], raw_algbw, raw_algbw * bus_factor, ratio,
+                t.tandem_host_us, t.raw_host_us);
     std::printf(
         "{\"bench\": \"allreduce\", \"backend\": \"%s\", \"ranks\": %d, \"dtype\": \"f32\", \"bytes\": %zu, "
         "\"tandem_ms\": %.5f, \"raw_ms\": %.5f, \"tandem_algbw_gbs\": %.3f, \"tandem_busbw_gbs\": %.3f, "
-        "\"raw_algbw_gbs\": %.3f, \"raw_busbw_gbs\": %.3f, \"tandem_over_raw\": %.4f}\n",
+        "\"raw_algbw_gbs\": %.3f, \"raw_busbw_gbs\": %.3f, \"tandem_over_raw\": %.4f, \"tandem_host_us\": %.2f, "
+        "\"raw_host_us\": %.2f}\n",
         bench->backend().c_str(), w.size, bytes, slowest[0], slowest[1], tandem_algbw, tandem_algbw * bus_factor,
-        raw_algbw, raw_algbw * bus_factor, ratio);
+        raw_algbw, raw_algbw * bus_factor, ratio, t.tandem_host_us, t.raw_host_us);
     std::fflush(stdout);
   }
   bench.reset();

@@ -11,6 +11,9 @@ namespace tandem::bench {
 struct AllReduceTiming {
   double tandem_ms = 0;  // ProcessGroup::all_reduce + Work::wait
   double raw_ms = 0;     // the library's own call on the same buffer
+  // GPU: host microseconds to issue each (the calls return before the GPU work ends); 0 on the CPU.
+  double tandem_host_us = 0;
+  double raw_host_us = 0;
 };
 
 class AllReduceBench {

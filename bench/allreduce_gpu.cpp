@@ -6,6 +6,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "allreduce.h"
@@ -57,12 +58,18 @@ class NcclBench final : public AllReduceBench {
     }
     std::vector<cudaEvent_t> events(4 * reps);
     for (auto& e : events) TANDEM_CUDA_CHECK(cudaEventCreate(&e));
+    std::vector<double> tandem_host_us, raw_host_us;
+    auto host_us = [](const auto& call) {
+      auto start = std::chrono::steady_clock::now();
+      call();
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    };
     for (int i = 0; i < reps; ++i) {
       TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i], stream));
-      run_tandem();
+      tandem_host_us.push_back(host_us(run_tandem));
       TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 1], stream));
       TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 2], stream));
-      run_raw();
+      raw_host_us.push_back(host_us(run_raw));
       TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 3], stream));
     }
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -75,7 +82,7 @@ class NcclBench final : public AllReduceBench {
       raw_ms.push_back(b);
     }
     for (auto& e : events) cudaEventDestroy(e);
-    return {median(tandem_ms), median(raw_ms)};
+    return {median(tandem_ms), median(raw_ms), median(tandem_host_us), median(raw_host_us)};
   }
 
  private:

@@ -47,8 +47,10 @@ struct DistributedDataParallel::Bucket {
   std::vector<int64_t> offsets;  // element offset of each in buffer
   Tensor buffer;                 // (numel,) the gradients of its parameters, in their dtype
   Tensor comm;                   // (numel,) the buffer in the communication dtype while in flight
-  Tensor shard;                  // (numel / world size,) zero_stage 2: this rank's averaged slice
-  int64_t numel = 0;             // elements of buffer (padded to a multiple of the world size under ZeRO)
+  Tensor shard;                  // (shard_counts[rank],) zero_stage 2: this rank's averaged block
+  int64_t numel = 0;             // elements of buffer (ZeRO: the last bucket of a dtype holds its padding)
+  int64_t flat_offset = 0;       // ZeRO: where the bucket starts in its dtype's flat parameter space
+  std::vector<int64_t> shard_counts;  // ZeRO: (world size,) how many of its elements each rank's shard holds
   int64_t comm_bytes = 0;        // bytes of the last collective
   int64_t pending = 0;           // gradients still to come in this backward
   // buffer holds no gradients yet (they were all dropped, or it is new): each gradient is copied
@@ -203,17 +205,8 @@ void DistributedDataParallel::build_buckets() {
   };
   std::vector<Planned> closed;
   std::map<DType, Planned> open;
-  const int64_t shards = options_.zero_stage > 0 ? group_->size() : 1;
   auto close = [&](Planned& b) {
-    int64_t numel = b.bucket->offsets.back() + params_[b.bucket->params.back()].numel();
-    numel = (numel + shards - 1) / shards * shards;  // ZeRO: equal shards, the last one padded
-    b.bucket->numel = numel;
-    // With gradients in place the buckets only carry their collectives: they share a placeholder (below).
-    if (!gradients_in_place_) b.bucket->buffer = zeros({numel}, params_[b.bucket->params[0]].options());  // (numel,)
-    if (options_.zero_stage == 2 && !gradients_in_place_) {
-      // In a world of one the shard is the whole bucket: the reduce-scatter is in place and free.
-      b.bucket->shard = shards == 1 ? b.bucket->buffer : zeros({numel / shards}, b.bucket->buffer.options());
-    }
+    b.bucket->numel = b.bucket->offsets.back() + params_[b.bucket->params.back()].numel();
     closed.push_back(std::move(b));
     b = Planned{};
   };
@@ -253,6 +246,13 @@ void DistributedDataParallel::build_buckets() {
     for (int64_t i : b.bucket->params) bucket_of_[i] = b.bucket->index;
     buckets_.push_back(std::move(b.bucket));
   }
+  if (options_.zero_stage > 0) lay_out_shards();
+  // With gradients in place the buckets only carry their collectives: they share a placeholder (below).
+  for (auto& b : buckets_) {
+    if (gradients_in_place_) break;
+    b->buffer = zeros({b->numel}, params_[b->params[0]].options());  // (numel,)
+    if (options_.zero_stage == 2) b->shard = my_block(gradient_shards_.at(b->buffer.dtype()), *b);
+  }
   if (gradients_in_place_) {
     // A world of one: the collectives read and write nothing, yet each is issued on a tensor of its
     // bucket's size and dtype (so it counts as it would elsewhere). One never-written placeholder
@@ -287,6 +287,52 @@ void DistributedDataParallel::build_buckets() {
     TANDEM_CHECK_AS(ValueError, h == mine.item<int64_t>(), "DistributedDataParallel: the bucket plan of rank ",
                     cpu.rank(), " differs from another rank's (different bucket_cap_mb or first_bucket_mb?)");
   }
+}
+
+// ZeRO's shard rule: the buckets of each dtype, in launch order, make that dtype's flat parameter
+// space; its last bucket is padded so that the space splits into `world size` equal contiguous
+// shards, rank r owning the r-th. Each bucket records where it starts in the space and how many of
+// its elements fall into each rank's shard: the blocks its reduce-scatter and all-gather move.
+void DistributedDataParallel::lay_out_shards() {
+  const int64_t world = group_->size();
+  std::map<DType, int64_t> used;    // dtype -> elements laid out so far
+  std::map<DType, Bucket*> last;    // dtype -> its last bucket
+  for (auto& b : buckets_) {
+    const DType dtype = params_[b->params[0]].dtype();
+    b->flat_offset = used[dtype];
+    used[dtype] += b->numel;
+    last[dtype] = b.get();
+  }
+  for (auto& [dtype, b] : last) {
+    const int64_t padded = (used[dtype] + world - 1) / world * world;
+    b->numel += padded - used[dtype];
+    shard_numel_[dtype] = padded / world;
+  }
+  for (auto& b : buckets_) {
+    const int64_t shard = shard_numel_.at(params_[b->params[0]].dtype());
+    b->shard_counts.assign(world, 0);
+    for (int64_t r = 0; r < world; ++r) {
+      const int64_t lo = std::max(b->flat_offset, r * shard);
+      const int64_t hi = std::min(b->flat_offset + b->numel, (r + 1) * shard);
+      b->shard_counts[r] = std::max<int64_t>(0, hi - lo);
+    }
+  }
+  if (options_.zero_stage == 2 && !gradients_in_place_) {
+    for (auto& [dtype, n] : shard_numel_) gradient_shards_[dtype] = zeros({n}, TensorOptions(dtype, device_));  // (shard,)
+  }
+}
+
+int64_t DistributedDataParallel::block_start(const Bucket& b) const {
+  int64_t start = 0;
+  for (int r = 0; r < group_->rank(); ++r) start += b.shard_counts[r];
+  return start;
+}
+
+Tensor DistributedDataParallel::my_block(const Tensor& shard, const Bucket& b) const {
+  const int64_t count = b.shard_counts[group_->rank()];
+  if (count == 0) return views::narrow(shard, 0, 0, 0);  // (0,) the bucket lies outside this rank's shard
+  const int64_t at = b.flat_offset + block_start(b) - group_->rank() * shard.numel();
+  return views::narrow(shard, 0, at, count);  // (count,)
 }
 
 Tensor DistributedDataParallel::slot(const Bucket& b, size_t k) const {
@@ -415,7 +461,7 @@ void DistributedDataParallel::launch(Bucket& b) {
   const bool scatter = options_.zero_stage == 2;
   const std::string label = "ddp bucket " + std::to_string(b.index) + " of step " + std::to_string(steps_);
   if (scatter) {
-    b.work = group_->reduce_scatter(b.shard, b.comm, ReduceOp::avg, label);
+    b.work = group_->reduce_scatter_v(b.shard, b.comm, b.shard_counts, ReduceOp::avg, label);
     // This rank keeps only its shard: the Work holds the full bucket until the collective is done,
     // then it goes back to the allocator. The next forward makes a new one. (In a world of one the
     // shard is the bucket, which stays.)
@@ -590,8 +636,30 @@ Tensor DistributedDataParallel::gradient_shard(size_t bucket) const {
   const Bucket& b = *buckets_[bucket];
   if (b.shard.defined()) return b.shard;
   TANDEM_CHECK_AS(ValueError, options_.zero_stage == 1, "DistributedDataParallel: gradient shards need zero_stage 1 or 2");
-  const int64_t n = b.numel / group_->size();
-  return views::narrow(b.buffer, 0, group_->rank() * n, n);
+  return views::narrow(b.buffer, 0, block_start(b), b.shard_counts[group_->rank()]);
+}
+
+int64_t DistributedDataParallel::bucket_flat_offset(size_t bucket) const {
+  check_zero_bucket(bucket);
+  return buckets_[bucket]->flat_offset;
+}
+
+std::vector<int64_t> DistributedDataParallel::bucket_shard_counts(size_t bucket) const {
+  check_zero_bucket(bucket);
+  return buckets_[bucket]->shard_counts;
+}
+
+int64_t DistributedDataParallel::shard_numel(DType dtype) const {
+  auto found = shard_numel_.find(dtype);
+  TANDEM_CHECK_AS(ValueError, found != shard_numel_.end(), "DistributedDataParallel: no ", dtype_name(dtype),
+                  " parameters are sharded (zero_stage ", options_.zero_stage, ")");
+  return found->second;
+}
+
+void DistributedDataParallel::check_zero_bucket(size_t bucket) const {
+  TANDEM_CHECK_AS(IndexError, bucket < buckets_.size(), "DistributedDataParallel: no bucket ", bucket, " (there are ",
+                  buckets_.size(), ")");
+  TANDEM_CHECK_AS(ValueError, options_.zero_stage > 0, "DistributedDataParallel: shards need zero_stage 1 or 2");
 }
 
 }  // namespace tandem::dist

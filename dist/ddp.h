@@ -13,6 +13,7 @@
 // they stay where backward puts them, and the buckets' collectives launch nothing (they still
 // count for check_in_sync).
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -53,11 +54,12 @@ struct DdpOptions {
   // the step, the ranks and the largest difference.
   int64_t check_parameters_every = 0;
   // ZeRO (dist/zero.h): 0 is plain DDP. 1 and 2 are for a dist::ZeroRedundancyOptimizer made over
-  // this DDP: every bucket is padded to a multiple of the world size, so each rank owns an equal,
-  // contiguous shard of it. Stage 2 reduce-scatters each bucket as it completes (instead of the
-  // all-reduce): a rank keeps only its shard of the averaged gradients, and the full bucket is
-  // released once its collective is done (the parameters' .grad are then undefined until the next
-  // backward). comm_dtype and overlap_optimizer are for stage 0 only.
+  // this DDP: the buckets of a dtype, one after another, are its flat parameter space, padded at
+  // the end so that each rank owns an equal, contiguous shard of it (shard_numel below). Stage 2
+  // reduce-scatters each bucket as it completes (instead of the all-reduce): a rank keeps only its
+  // shard of the averaged gradients, and the full bucket is released once its collective is done
+  // (the parameters' .grad are then undefined until the next backward). comm_dtype and
+  // overlap_optimizer are for stage 0 only.
   int zero_stage = 0;
   // An explicit plan (dist/bucket_plan.h: plan_buckets, decide_bucket_plan): parameter indices in
   // registration order, bucket by bucket in launch order, each parameter once, one dtype per
@@ -135,9 +137,17 @@ class DistributedDataParallel {
   // padded bucket of `bucket_numel(b)` elements.
   std::vector<int64_t> bucket_offsets(size_t bucket) const;
   int64_t bucket_numel(size_t bucket) const;
-  // This rank's shard of bucket b's averaged gradient (numel / world size elements): a view of
-  // the bucket (stage 1) or the buffer the reduce-scatter writes (stage 2). Valid for the life of
-  // this DDP; its content is this step's once backward has finished.
+  // ZeRO's shard rule (zero_stage 1, 2): the buckets of each dtype, in launch order, make that
+  // dtype's flat parameter space, padded at its end to a multiple of the world size; rank r owns
+  // the contiguous elements [r * shard_numel, (r + 1) * shard_numel) of it.
+  int64_t shard_numel(DType dtype) const;
+  int64_t bucket_flat_offset(size_t bucket) const;  // where bucket b starts in its dtype's space
+  // (world size,) how many of bucket b's elements lie in each rank's shard (they follow in rank order).
+  std::vector<int64_t> bucket_shard_counts(size_t bucket) const;
+  // The part of bucket b's averaged gradient that lies in this rank's shard
+  // (bucket_shard_counts(b)[rank] elements, maybe 0): a view of the bucket (stage 1) or of this
+  // rank's gradient shard, which the reduce-scatters write (stage 2). Valid for the life of this
+  // DDP; its content is this step's once backward has finished.
   Tensor gradient_shard(size_t bucket) const;
   // Called at the start of every forward (ZeRO waits there for the parameters' all-gathers).
   void set_before_forward(std::function<void()> callback) { before_forward_ = std::move(callback); }
@@ -161,6 +171,10 @@ class DistributedDataParallel {
   void finish_backward();
   void broadcast_from_rank0(const std::vector<Tensor>& tensors, const std::string& label);
   void allocate(Bucket& bucket);
+  void lay_out_shards();
+  int64_t block_start(const Bucket& bucket) const;  // where this rank's block starts in the bucket
+  Tensor my_block(const Tensor& shard, const Bucket& bucket) const;  // that block's place in a (shard,) tensor
+  void check_zero_bucket(size_t bucket) const;
   Tensor slot(const Bucket& bucket, size_t k) const;  // parameter k's gradient view in the bucket
 
   std::shared_ptr<nn::Module> module_;
@@ -170,6 +184,8 @@ class DistributedDataParallel {
   std::vector<std::string> names_;
   std::vector<Tensor> params_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::map<DType, int64_t> shard_numel_;     // ZeRO: per dtype, the elements of each rank's shard
+  std::map<DType, Tensor> gradient_shards_;  // zero_stage 2: per dtype, (shard_numel,) this rank's averaged gradients
   // The module's buffers (batch-norm statistics), re-pointed at views of one flat tensor per
   // dtype, so the broadcast before each forward is one collective per dtype, not one per buffer.
   std::vector<Tensor> buffers_;       // the module's buffer handles, in order

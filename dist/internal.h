@@ -46,6 +46,13 @@ bool check_all_gather(const Tensor& output, const Tensor& input, int rank, int s
                       const std::string& backend);
 bool check_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op, int rank, int size,
                           const Device& device, const std::string& backend);
+// The arguments of all_gather_v and reduce_scatter_v: `whole` (sum of counts,) and `part`
+// (counts[rank],) of one dtype on `device`, one non-negative count per rank. True when `part` is
+// whole's own block (in place).
+bool check_blocks(const Tensor& whole, const Tensor& part, const std::vector<int64_t>& counts, int rank, int size,
+                  const Device& device, const std::string& backend, const char* name);
+// Where each rank's block starts in `whole`: (size,) prefix sums of counts.
+std::vector<int64_t> block_offsets(const std::vector<int64_t>& counts);
 
 // ---- MPI (dist/mpi_group.cpp or dist/no_mpi.cpp) ----
 struct MpiWorld {

@@ -94,6 +94,13 @@ int count_of(const Tensor& t, const char* op) {
   return static_cast<int>(t.numel());
 }
 
+// (2, size) i32: each rank's block size, then where it starts (prefix sums), as MPI's v-collectives take them.
+Tensor block_layout(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> layout = counts;
+  for (int64_t offset : block_offsets(counts)) layout.push_back(offset);
+  return from_vector(layout, {2, static_cast<int64_t>(counts.size())}, DType::i32);
+}
+
 template <typename T>
 void divide_typed(const Tensor& t, int n) {
   T* p = static_cast<T*>(t.data_ptr());
@@ -398,6 +405,69 @@ class MpiGroup final : public TrackedGroup {
       return MPI_Ireduce_scatter_block(send, recv, count, type, mpi_op(op, dtype), core_->comm, r);
     };
     return core_->post(w, fingerprint, {{"MPI_Ireduce_scatter_block", start}});
+  }
+
+  std::shared_ptr<Work> all_gather_v(const Tensor& whole, const Tensor& part, const std::vector<int64_t>& counts,
+                                     const std::string& label) override {
+    const char* name = "all_gather_v";
+    const bool in_place = check_blocks(whole, part, counts, core_->rank, core_->size, Device(), kBackend, name);
+    count_of(whole, name);
+    auto fingerprint = Fingerprint::make(name, whole.numel(), whole.dtype(), std::nullopt, -1, label);
+    if (core_->size == 1) {
+      if (!in_place && part.numel() > 0) kernels::copy_(whole, part);
+      return complete_alone(name, whole.nbytes(), fingerprint);
+    }
+    Tensor layout = block_layout(counts);  // (2, size) i32: counts, offsets; MPI reads them until completion
+    auto w = std::make_shared<MpiWork>();
+    w->op = name;
+    w->bytes = whole.nbytes();
+    w->tensors = {whole, part, layout};
+    void* send = in_place ? MPI_IN_PLACE : part.data_ptr();
+    void* recv = whole.data_ptr();
+    const int count = static_cast<int>(part.numel());
+    const int* block_counts = layout.data<int32_t>();
+    const int* displacements = block_counts + core_->size;
+    MPI_Datatype type = transfer_type(whole.dtype());
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    return core_->post(w, fingerprint,
+                       {{"MPI_Iallgatherv", [this, send, recv, count, block_counts, displacements, type](MPI_Request* r) {
+                           return MPI_Iallgatherv(send, count, type, recv, block_counts, displacements, type,
+                                                  core_->comm, r);
+                         }}});
+  }
+
+  std::shared_ptr<Work> reduce_scatter_v(const Tensor& part, const Tensor& whole, const std::vector<int64_t>& counts,
+                                         ReduceOp op, const std::string& label) override {
+    const char* name = "reduce_scatter_v";
+    check_reducible(whole.dtype(), op, kBackend, name);
+    const bool in_place = check_blocks(whole, part, counts, core_->rank, core_->size, Device(), kBackend, name);
+    count_of(whole, name);
+    auto fingerprint = Fingerprint::make(name, whole.numel(), whole.dtype(), op, -1, label);
+    if (core_->size == 1) {
+      if (!in_place && part.numel() > 0) kernels::copy_(part, whole);
+      return complete_alone(name, whole.nbytes(), fingerprint);
+    }
+    // MPI's in-place form reads from the receive buffer: receive into a temporary instead.
+    Tensor target = in_place ? empty(part.shape(), part.options()) : part;
+    Tensor layout = block_layout(counts);  // (2, size) i32; MPI reads the counts until completion
+    auto w = std::make_shared<MpiWork>();
+    w->op = name;
+    w->bytes = whole.nbytes();
+    w->tensors = {whole, part, target, layout};
+    w->finish = [part, target, in_place, op, n = core_->size] {
+      if (op == ReduceOp::avg) divide_in_place(target, n);
+      if (in_place) std::memcpy(part.data_ptr(), target.data_ptr(), part.nbytes());
+    };
+    void* send = whole.data_ptr();
+    void* recv = target.data_ptr();
+    const int* block_counts = layout.data<int32_t>();
+    const DType dtype = whole.dtype();
+    MPI_Datatype type = transfer_type(dtype);
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    auto start = [this, send, recv, block_counts, type, op, dtype](MPI_Request* r) {
+      return MPI_Ireduce_scatter(send, recv, block_counts, type, mpi_op(op, dtype), core_->comm, r);
+    };
+    return core_->post(w, fingerprint, {{"MPI_Ireduce_scatter", start}});
   }
 
   void barrier() override {

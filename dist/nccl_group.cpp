@@ -225,6 +225,23 @@ std::shared_ptr<NcclWork> new_state(const char* op, size_t bytes, std::vector<Te
   return w;
 }
 
+// One NCCL call per non-empty block of `whole` (rank r's block: counts[r] elements, in rank order),
+// grouped into one launch; the first error wins and the group is always closed.
+ncclResult_t each_block(const std::vector<int64_t>& counts, const Tensor& whole,
+                        const std::function<ncclResult_t(int root, void* block, size_t count)>& call) {
+  const std::vector<int64_t> offsets = block_offsets(counts);
+  ncclResult_t first_error = ncclGroupStart();
+  if (first_error != ncclSuccess) return first_error;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] == 0) continue;
+    void* block = static_cast<char*>(whole.data_ptr()) + static_cast<size_t>(offsets[r]) * dtype_size(whole.dtype());
+    ncclResult_t status = call(static_cast<int>(r), block, static_cast<size_t>(counts[r]));
+    if (status != ncclSuccess && status != ncclInProgress && first_error == ncclSuccess) first_error = status;
+  }
+  ncclResult_t end = ncclGroupEnd();
+  return first_error != ncclSuccess ? first_error : end;
+}
+
 class NcclGroup final : public TrackedGroup {
  public:
   explicit NcclGroup(const std::shared_ptr<NcclCore>& core) : TrackedGroup(core), core_(core) {
@@ -316,6 +333,48 @@ class NcclGroup final : public TrackedGroup {
     return core_->launch(w, fingerprint, [&] {
       return ncclReduceScatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),
                                nccl_type(input.dtype()), nccl_op(op, core_->size), core_->comm, core_->nccl_stream());
+    });
+  }
+
+  std::shared_ptr<Work> all_gather_v(const Tensor& whole, const Tensor& part, const std::vector<int64_t>& counts,
+                                     const std::string& label) override {
+    const char* name = "all_gather_v";
+    const bool in_place = check_blocks(whole, part, counts, core_->rank, core_->size, device(), kBackend, name);
+    auto fingerprint = Fingerprint::make(name, whole.numel(), whole.dtype(), std::nullopt, -1, label);
+    if (core_->size == 1) {
+      if (!in_place && part.numel() > 0) kernels::copy_(whole, part);  // on the caller's stream
+      return complete_alone(name, whole.nbytes(), fingerprint);
+    }
+    auto w = new_state(name, whole.nbytes(), {whole, part});
+    std::lock_guard<std::mutex> lock(core_->mutex);
+    return core_->launch(w, fingerprint, [&] {
+      // Rank r's block is a broadcast rooted at r: its `part` goes into that block everywhere.
+      return each_block(counts, whole, [&](int root, void* block, size_t count) {
+        const void* send = root == core_->rank ? part.data_ptr() : block;
+        return ncclBroadcast(send, block, count, nccl_type(whole.dtype()), root, core_->comm, core_->nccl_stream());
+      });
+    });
+  }
+
+  std::shared_ptr<Work> reduce_scatter_v(const Tensor& part, const Tensor& whole, const std::vector<int64_t>& counts,
+                                         ReduceOp op, const std::string& label) override {
+    const char* name = "reduce_scatter_v";
+    check_reducible(whole.dtype(), op, kBackend, name);
+    const bool in_place = check_blocks(whole, part, counts, core_->rank, core_->size, device(), kBackend, name);
+    auto fingerprint = Fingerprint::make(name, whole.numel(), whole.dtype(), op, -1, label);
+    if (core_->size == 1) {
+      if (!in_place && part.numel() > 0) kernels::copy_(part, whole);  // on the caller's stream
+      return complete_alone(name, whole.nbytes(), fingerprint);
+    }
+    auto w = new_state(name, whole.nbytes(), {whole, part});
+    std::lock_guard<std::mutex> lock(core_->mutex);
+    return core_->launch(w, fingerprint, [&] {
+      // Rank r's block is a reduce rooted at r, into its `part`.
+      return each_block(counts, whole, [&](int root, void* block, size_t count) {
+        void* recv = root == core_->rank ? part.data_ptr() : block;  // read on the root only
+        return ncclReduce(block, recv, count, nccl_type(whole.dtype()), nccl_op(op, core_->size), root, core_->comm,
+                          core_->nccl_stream());
+      });
     });
   }
 

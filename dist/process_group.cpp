@@ -125,6 +125,41 @@ bool check_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op
   return check_whole_and_part(input, output, "input", "output", rank, size, device, backend, "reduce_scatter");
 }
 
+std::vector<int64_t> block_offsets(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> offsets(counts.size(), 0);
+  for (size_t r = 1; r < counts.size(); ++r) offsets[r] = offsets[r - 1] + counts[r - 1];
+  return offsets;
+}
+
+bool check_blocks(const Tensor& whole, const Tensor& part, const std::vector<int64_t>& counts, int rank, int size,
+                  const Device& device, const std::string& backend, const char* name) {
+  check_tensor(whole, device, backend, name, "whole");
+  check_tensor(part, device, backend, name, "part");
+  TANDEM_CHECK_AS(TypeError, whole.dtype() == part.dtype(), backend, " ", name, ": whole is ",
+                  dtype_name(whole.dtype()), " but part is ", dtype_name(part.dtype()));
+  TANDEM_CHECK_AS(ValueError, counts.size() == static_cast<size_t>(size), backend, " ", name, ": ", counts.size(),
+                  " block sizes given for a group of ", size, " ranks (one per rank expected)");
+  int64_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    TANDEM_CHECK_AS(ValueError, counts[r] >= 0, backend, " ", name, ": rank ", r, "'s block size is ", counts[r],
+                    "; expected 0 or more elements");
+    total += counts[r];
+  }
+  TANDEM_CHECK_AS(ValueError, whole.numel() == total, backend, " ", name, ": whole has ", whole.numel(),
+                  " elements, but the blocks add up to ", total);
+  TANDEM_CHECK_AS(ValueError, part.numel() == counts[rank], backend, " ", name, ": part has ", part.numel(),
+                  " elements, but rank ", rank, "'s block has ", counts[rank]);
+  auto* w = static_cast<const char*>(whole.data_ptr());
+  auto* p = static_cast<const char*>(part.data_ptr());
+  const size_t element = dtype_size(whole.dtype());
+  if (part.numel() > 0 && p == w + static_cast<size_t>(block_offsets(counts)[rank]) * element) return true;
+  bool overlap = part.numel() > 0 && p < w + whole.nbytes() && w < p + part.nbytes();
+  TANDEM_CHECK_AS(ValueError, !overlap, backend, " ", name,
+                  ": part and whole overlap; the only overlap allowed is the in-place layout, where part is "
+                  "whole's block of this rank");
+  return false;
+}
+
 }  // namespace internal
 
 namespace {

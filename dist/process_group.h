@@ -68,6 +68,18 @@ class ProcessGroup {
   // at rank * n (in place).
   virtual std::shared_ptr<Work> reduce_scatter(const Tensor& output, const Tensor& input,
                                                ReduceOp op = ReduceOp::sum, const std::string& label = "") = 0;
+  // The same with blocks of different sizes: rank r's block is counts[r] elements (0 allowed), and
+  // the blocks lie in rank order in `whole` (sum of counts,). all_gather_v: every rank's `part`
+  // (counts[rank],) lands in its block of `whole` on every rank. reduce_scatter_v: `part` gets the
+  // reduction over ranks of this rank's block of `whole`. In either, `part` may be whole's own
+  // block (in place). ZeRO's shards of the flat parameter space cut buckets this way. NCCL: one
+  // broadcast (reduce) per non-empty block, rooted at its rank, grouped into one launch; MPI:
+  // MPI_Iallgatherv and MPI_Ireduce_scatter. `counts` must be the same on every rank.
+  virtual std::shared_ptr<Work> all_gather_v(const Tensor& whole, const Tensor& part, const std::vector<int64_t>& counts,
+                                             const std::string& label = "") = 0;
+  virtual std::shared_ptr<Work> reduce_scatter_v(const Tensor& part, const Tensor& whole,
+                                                 const std::vector<int64_t>& counts, ReduceOp op = ReduceOp::sum,
+                                                 const std::string& label = "") = 0;
   // Blocks the host until every rank has reached the barrier (or the timeout passes).
   virtual void barrier() = 0;
   // Aborts the communicator (after a failure) so no collective can hang; later calls raise.

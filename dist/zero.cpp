@@ -66,10 +66,15 @@ void ZeroRedundancyOptimizer::make_flat_parameters() {
   NoGradGuard no_grad;
   const std::vector<Tensor>& params = ddp_.parameters();
   const std::vector<std::vector<int64_t>> plan = ddp_.bucket_plan();
+  const int64_t world = group_->size(), rank = group_->rank();
   for (size_t b = 0; b < plan.size(); ++b) {
-    const std::vector<int64_t> offsets = ddp_.bucket_offsets(b);
     const Tensor& first = params[plan[b][0]];
-    Tensor flat = zeros({ddp_.bucket_numel(b)}, TensorOptions(first.dtype(), first.device()));  // (numel,) padded
+    Tensor& space = flat_spaces_[first.dtype()];
+    if (!space.defined()) {
+      space = zeros({world * ddp_.shard_numel(first.dtype())}, TensorOptions(first.dtype(), first.device()));  // (padded,)
+    }
+    Tensor flat = views::narrow(space, 0, ddp_.bucket_flat_offset(b), ddp_.bucket_numel(b));  // (bucket numel,)
+    const std::vector<int64_t> offsets = ddp_.bucket_offsets(b);
     for (size_t k = 0; k < plan[b].size(); ++k) {
       const Tensor& p = params[plan[b][k]];
       Tensor slot = views::view(views::narrow(flat, 0, offsets[k], p.numel()), p.shape());
@@ -77,8 +82,24 @@ void ZeroRedundancyOptimizer::make_flat_parameters() {
       p.set_data(slot);
     }
     flat_params_.push_back(flat);
+    shard_counts_.push_back(ddp_.bucket_shard_counts(b));
+    int64_t begin = 0;  // this rank's block follows the lower ranks' blocks in the bucket
+    for (int64_t r = 0; r < rank; ++r) begin += shard_counts_.back()[r];
+    block_begin_.push_back(begin);
   }
   gathers_.resize(plan.size());
+}
+
+std::pair<int64_t, int64_t> ZeroRedundancyOptimizer::shard_range(DType dtype) const {
+  const int64_t shard = ddp_.shard_numel(dtype);
+  return {group_->rank() * shard, (group_->rank() + 1) * shard};
+}
+
+Tensor ZeroRedundancyOptimizer::flat_parameters(DType dtype) const {
+  auto found = flat_spaces_.find(dtype);
+  TANDEM_CHECK_AS(ValueError, found != flat_spaces_.end(), "ZeroRedundancyOptimizer: no ", dtype_name(dtype),
+                  " parameters");
+  return found->second;
 }
 
 void ZeroRedundancyOptimizer::make_pieces() {
@@ -94,7 +115,7 @@ void ZeroRedundancyOptimizer::make_pieces() {
       offset[plan[b][k]] = offsets[k];
     }
   }
-  const int64_t world = group_->size(), rank = group_->rank();
+  const int64_t rank = group_->rank();
   full_.clear();
   pieces_.clear();
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -110,8 +131,7 @@ void ZeroRedundancyOptimizer::make_pieces() {
                       ") is not one of the DistributedDataParallel module's parameters that require grad");
       const int64_t i = found - params.begin();
       const size_t b = bucket[i];
-      const int64_t shard = ddp_.bucket_numel(b) / world;
-      const int64_t lo = rank * shard, hi = lo + shard;
+      const int64_t lo = block_begin_[b], hi = lo + shard_counts_[b][rank];  // this rank's block of the bucket
       const int64_t start = std::max(offset[i], lo), end = std::min(offset[i] + p.numel(), hi);
       if (start >= end) continue;
       Tensor piece = views::narrow(flat_params_[b], 0, start, end - start);  // (length,)
@@ -147,13 +167,12 @@ void ZeroRedundancyOptimizer::step_impl(const optim::StepScaling* scaling,
       auto found = bucket_of_piece_.find(piece.data_ptr());
       return found != bucket_of_piece_.end() && found->second == b;
     };
-    if (world > 1) Optimizer::step_impl(scaling, &in_bucket);
-    // Gather while the next buckets are updated.
+    if (world > 1 && shard_counts_[b][rank] > 0) Optimizer::step_impl(scaling, &in_bucket);
+    // Gather while the next buckets are updated. Each rank's block of the bucket comes from its owner.
     Tensor& flat = flat_params_[b];
-    const int64_t shard = flat.numel() / world;
     if (timeline_) timeline_->launching();
-    gathers_[b] = group_->all_gather(flat, views::narrow(flat, 0, rank * shard, shard),
-                                     "zero: parameters of bucket " + std::to_string(b));
+    gathers_[b] = group_->all_gather_v(flat, views::narrow(flat, 0, block_begin_[b], shard_counts_[b][rank]),
+                                       shard_counts_[b], "zero: parameters of bucket " + std::to_string(b));
     if (timeline_ && timeline_->recording()) {
       timeline_->collective("all_gather bucket " + std::to_string(b), gathers_[b],
                             {{"bucket", static_cast<double>(b)}, {"bytes", static_cast<double>(flat.nbytes())}},
@@ -293,17 +312,17 @@ optim::StateDict ZeroRedundancyOptimizer::state_dict() const {
 
   // Each state, bucket by bucket: this rank's shard, all-gathered into the full bucket.
   const std::vector<std::vector<int64_t>> plan = ddp_.bucket_plan();
-  const int64_t world_size = group_->size(), rank = group_->rank();
+  const int64_t rank = group_->rank();
   for (size_t b = 0; b < plan.size(); ++b) {
     const std::vector<int64_t> offsets = ddp_.bucket_offsets(b);
     const Tensor& flat = flat_params_[b];
-    const int64_t shard = flat.numel() / world_size;
+    const int64_t mine_numel = shard_counts_[b][rank];
     for (size_t n = 0; n < K; ++n) {
       bool any = false;
       for (int64_t i : plan[b]) any = any || (number_of[i] >= 0 && f[number_of[i] * (K + 1) + n] != 0);
       if (!any) continue;
       const DType dtype = names[n] == "master" ? DType::f32 : optimizer_state_dtype(flat.dtype());
-      Tensor mine = zeros({shard}, TensorOptions(dtype, flat.device()));        // (shard,)
+      Tensor mine = zeros({mine_numel}, TensorOptions(dtype, flat.device()));    // (this rank's block,)
       Tensor gathered = empty({flat.numel()}, TensorOptions(dtype, flat.device()));  // (numel,)
       int64_t piece_number = 0;
       for (size_t g = 0; g < pieces_.size(); ++g) {
@@ -311,11 +330,12 @@ optim::StateDict ZeroRedundancyOptimizer::state_dict() const {
           auto t = local.tensors.find(state_key(piece_number++, names[n]));
           if (piece.bucket != b || t == local.tensors.end()) continue;
           const int64_t at = offsets[std::find(plan[b].begin(), plan[b].end(), piece.param) - plan[b].begin()] +
-                             piece.start - rank * shard;
+                             piece.start - block_begin_[b];
           kernels::copy_(views::narrow(mine, 0, at, piece.length), t->second);
         }
       }
-      group_->all_gather(gathered, mine, "zero: optimizer state of bucket " + std::to_string(b))->wait();
+      group_->all_gather_v(gathered, mine, shard_counts_[b], "zero: optimizer state of bucket " + std::to_string(b))
+          ->wait();
       for (size_t k = 0; k < plan[b].size(); ++k) {
         const int64_t i = plan[b][k];
         if (number_of[i] < 0 || f[number_of[i] * (K + 1) + n] == 0) continue;

@@ -8,26 +8,28 @@
 //   dist::ZeroRedundancyOptimizer opt(ddp, std::make_unique<optim::AdamW>(model->parameters(), adamw));
 //   ... ddp(x), loss.backward(), opt.step() (or scaler.step(opt)), opt.zero_grad() as with any optimizer.
 //
-// The shard rule. DDP's gradient buckets (one dtype each, in backward order) are the flat parameter
-// space; each bucket is padded to a multiple of the world size N and split into N equal contiguous
-// shards, rank r owning shard r of every bucket (with one bucket: a contiguous 1/N of the whole
-// space of that dtype). The parameters become views of flat per-bucket tensors. The wrapped
-// optimizer is given, in place of each parameter, the pieces of it that fall into this rank's
-// shards, so its state (moments, f32 master weights, momentum, step counts) exists only for them
-// and its fused kernels update only them; hyper-parameters, groups and schedules stay the
-// optimizer's own.
+// The shard rule. DDP's gradient buckets of one dtype, one after another in backward order, are
+// that dtype's flat parameter space, padded at its end to a multiple of the world size N; rank r
+// owns the contiguous r-th 1/N of it (shard_range), as DeepSpeed's partitions. The parameters
+// become views of one flat tensor per dtype (flat_parameters). The wrapped optimizer is given, in
+// place of each parameter, the piece of it that falls into this rank's shard, so its state
+// (moments, f32 master weights, momentum, step counts) exists only for them and its fused kernels
+// update only them; hyper-parameters, groups and schedules stay the optimizer's own. A bucket
+// holds a block of one rank's shard or of a few neighbouring ones: its collectives move blocks of
+// different sizes (ProcessGroup::reduce_scatter_v, all_gather_v).
 //
 // Stage 1: gradients are all-reduced as in DDP; each rank updates its shard. Stage 2: each bucket
-// is reduce-scattered as it completes during backward, so a rank only ever holds its shard of the
-// averaged gradients (the full bucket lives from the first gradient to its collective).
+// is reduce-scattered as it completes during backward (each block reduced onto its owner), so a
+// rank only ever holds its shard of the averaged gradients (a full bucket lives from its first
+// gradient to its collective).
 // In a world of one (no comm_dtype) the collectives move nothing: the pieces' gradients are views
 // of the parameters' own, taken at the end of each backward, and the update is one fused call.
 //
-// Overlap: step() updates the shards bucket by bucket and launches each bucket's parameter
-// all-gather as soon as its shard is updated, so a gather travels while the next buckets are
-// updated (and the last ones while the host readies the next batch). The compute stream (CPU: the
-// host) waits for them at the next ddp.forward(), or at wait_for_parameters(); stats() and the
-// timeline say how much of the gather time was hidden.
+// Overlap: step() updates this rank's shard bucket by bucket and launches each bucket's parameter
+// all-gather (in bucket order, on every rank) as soon as its block is updated, so the gathers
+// travel while the following blocks are updated, and the last ones while the host readies the
+// next batch. The compute stream (CPU: the host) waits for them at the next ddp.forward(), or at
+// wait_for_parameters(); stats() and the timeline say how much of the gather time was hidden.
 //
 // GradScaler: scaler.step(opt) checks this rank's shard of the gradients; step() takes the max of
 // the found-inf flag over every rank (on the device) before updating, so all ranks skip together.
@@ -36,6 +38,7 @@
 // Checkpoints: state_dict() is collective and returns the unsharded state (the same keys, shapes
 // and numbering as the wrapped optimizer would have without ZeRO); load_state_dict() takes such a
 // state, from a run at any world size, and keeps this rank's pieces.
+#include <map>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -81,6 +84,11 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // Takes an unsharded state (saved at any world size) and keeps this rank's part.
   void load_state_dict(const optim::StateDict& state) override;
 
+  // This rank's shard of the flat parameter space of `dtype`: elements [first, second), the same
+  // number on every rank.
+  std::pair<int64_t, int64_t> shard_range(DType dtype) const;
+  // That flat space (padded): every parameter of the dtype is a view of it.
+  Tensor flat_parameters(DType dtype) const;
   // This rank's optimizer state in bytes: moments, momentum, master weights and step counts.
   int64_t optimizer_state_bytes() const;
   const ZeroStats& stats();
@@ -121,7 +129,10 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   std::unique_ptr<optim::Optimizer> inner_;
   int stage_ = 1;
   ProcessGroup* group_ = nullptr;
-  std::vector<Tensor> flat_params_;          // per bucket: (numel,) the parameters, padded
+  std::map<DType, Tensor> flat_spaces_;      // per dtype: (N * shard,) the flat parameter space
+  std::vector<Tensor> flat_params_;          // per bucket: (numel,) its view of the flat space
+  std::vector<std::vector<int64_t>> shard_counts_;  // per bucket: (N,) its elements in each rank's shard
+  std::vector<int64_t> block_begin_;         // per bucket: where this rank's block starts in it
   std::vector<std::vector<Tensor>> full_;    // per group: the parameters it was given
   std::vector<std::vector<Piece>> pieces_;   // per group: what its params now are
   std::unordered_map<const void*, size_t> bucket_of_piece_;  // piece data -> bucket

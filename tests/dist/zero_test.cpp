@@ -463,6 +463,45 @@ TEST(Zero, StatsCountOneGatherPerBucket) {
   EXPECT_LE(stats.hidden_fraction, 1.0);
 }
 
+// The shard rule: the flat parameter space (every parameter a view of it, padded by fewer than N
+// elements) splits into N equal contiguous shards, rank r owning the r-th; the optimizer holds
+// exactly the parts of parameters inside this rank's shard.
+TEST(Zero, EachRankOwnsOneContiguousEqualShardOfTheFlatParameterSpace) {
+  manual_seed(5);
+  for (int stage : {1, 2}) {
+    ShardedMlp sharded(stage);
+    const dist::World& w = dist::world();
+    ZeroRedundancyOptimizer& zero = *sharded.zero;
+    const Tensor flat = zero.flat_parameters(DType::f32);
+    const auto [begin, end] = zero.shard_range(DType::f32);
+    int64_t model_numel = 0;
+    for (const Tensor& p : sharded.model->parameters()) model_numel += p.numel();
+    EXPECT_EQ(flat.numel() % w.size, 0);
+    EXPECT_GE(flat.numel(), model_numel);
+    EXPECT_LT(flat.numel(), model_numel + w.size);
+    EXPECT_EQ(end - begin, flat.numel() / w.size);
+    EXPECT_EQ(begin, w.rank * (end - begin));
+    // Every parameter lies inside the flat space; every piece inside this rank's shard, and the
+    // pieces cover the shard's parameter elements once.
+    const auto* base = static_cast<const char*>(flat.data_ptr());
+    const size_t element = sizeof(float);
+    for (const Tensor& p : sharded.model->parameters()) {
+      const int64_t at = (static_cast<const char*>(p.data_ptr()) - base) / static_cast<int64_t>(element);
+      EXPECT_GE(at, 0);
+      EXPECT_LE(at + p.numel(), flat.numel());
+    }
+    int64_t held = 0;
+    for (const Tensor& piece : zero.params()) {
+      const int64_t at = (static_cast<const char*>(piece.data_ptr()) - base) / static_cast<int64_t>(element);
+      EXPECT_GE(at, begin) << "stage " << stage;
+      EXPECT_LE(at + piece.numel(), end) << "stage " << stage;
+      held += piece.numel();
+    }
+    const int64_t real_in_shard = std::max<int64_t>(0, std::min(end, model_numel) - begin);
+    EXPECT_EQ(held, real_in_shard) << "stage " << stage;
+  }
+}
+
 // Runs `f`, expecting a ValueError whose message contains `text`.
 void expect_value_error(const std::function<void()>& f, const std::string& text) {
   try {
