@@ -194,7 +194,19 @@ int run_benchmark(const Config& cfg) {
   }
 
   std::vector<Tensor> losses;  // () each, one per step, warm-up included
-  for (int64_t i = 0; i < cfg.warmup; ++i) losses.push_back(step());
+  // The host's share: the last warm-up steps start on an idle GPU, and the time step() takes to
+  // return is what the host needs to issue one step (a step that needs longer than its GPU work is
+  // host-bound). The timed steps below run back to back.
+  std::vector<double> host_issue_ms;  // (up to 3,) GPU only
+  for (int64_t i = 0; i < cfg.warmup; ++i) {
+    const bool measure_host = on_gpu && i >= cfg.warmup - 3;
+    if (measure_host) cuda::synchronize(device.index);
+    auto start = std::chrono::steady_clock::now();
+    losses.push_back(step());
+    if (measure_host) {
+      host_issue_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
   if (!cfg.trace.empty()) {  // one more step, untimed and left out of the losses, as a timeline
     bench::trace_step(timeline, [&] { step(); }, cfg.trace,
                       {{"workload", cfg.workload}, {"precision", cfg.precision}, {"batch", batch},
@@ -308,6 +320,7 @@ int run_benchmark(const Config& cfg) {
       {"params", model->num_parameters()},
       {"step_ms_median", med},
       {"step_ms_min", min},
+      {"host_issue_ms", host_issue_ms.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(median(host_issue_ms))},
       {"samples_per_s", samples_per_s},
       {"tokens_per_s", spec.name == "gpt2" ? nlohmann::ordered_json(samples_per_s * tokens) : nullptr},
       {"peak_memory_bytes", on_gpu ? nlohmann::ordered_json(cuda::max_memory_allocated(device.index)) : nullptr},
