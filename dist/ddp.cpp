@@ -206,7 +206,7 @@ void DistributedDataParallel::build_buckets() {
   std::vector<Planned> closed;
   std::map<DType, Planned> open;
   auto close = [&](Planned& b) {
-    b.bucket->numel = b.bucket->offsets.back() + params_[b.bucket->params.back()].numel();
+    b.bucket->numel = next_slot(*b.bucket);  // a whole number of slots, so the next bucket starts aligned too
     closed.push_back(std::move(b));
     b = Planned{};
   };
@@ -216,7 +216,7 @@ void DistributedDataParallel::build_buckets() {
     for (const std::vector<int64_t>& members : options_.bucket_plan) {
       Planned b{std::make_unique<Bucket>(), 0.0, position++};
       for (int64_t i : members) {
-        b.bucket->offsets.push_back(b.bucket->params.empty() ? 0 : b.bucket->offsets.back() + params_[b.bucket->params.back()].numel());
+        b.bucket->offsets.push_back(next_slot(*b.bucket));
         b.bucket->params.push_back(i);
       }
       close(b);
@@ -231,7 +231,7 @@ void DistributedDataParallel::build_buckets() {
     if (current.bucket && current.bytes + bytes > cap) close(current);
     if (!current.bucket) current.bucket = std::make_unique<Bucket>();
     Bucket& b = *current.bucket;
-    b.offsets.push_back(b.params.empty() ? 0 : b.offsets.back() + params_[b.params.back()].numel());
+    b.offsets.push_back(next_slot(b));
     b.params.push_back(i);
     current.bytes += bytes;
     current.completes_at = position;
@@ -304,7 +304,8 @@ void DistributedDataParallel::lay_out_shards() {
     last[dtype] = b.get();
   }
   for (auto& [dtype, b] : last) {
-    const int64_t padded = (used[dtype] + world - 1) / world * world;
+    const int64_t unit = world * slot_alignment(dtype);  // every shard starts aligned as well
+    const int64_t padded = (used[dtype] + unit - 1) / unit * unit;
     b->numel += padded - used[dtype];
     shard_numel_[dtype] = padded / world;
   }
@@ -335,13 +336,25 @@ Tensor DistributedDataParallel::my_block(const Tensor& shard, const Bucket& b) c
   return views::narrow(shard, 0, at, count);  // (count,)
 }
 
+int64_t DistributedDataParallel::slot_alignment(DType dtype) {
+  return static_cast<int64_t>(kSlotAlignmentBytes / dtype_size(dtype));
+}
+
+int64_t DistributedDataParallel::next_slot(const Bucket& b) const {
+  if (b.params.empty()) return 0;
+  const Tensor& last = params_[b.params.back()];
+  const int64_t align = slot_alignment(last.dtype());
+  return (b.offsets.back() + last.numel() + align - 1) / align * align;
+}
+
 Tensor DistributedDataParallel::slot(const Bucket& b, size_t k) const {
   const Tensor& p = params_[b.params[k]];
   return views::view(views::narrow(b.buffer, 0, b.offsets[k], p.numel()), p.shape());
 }
 
 // Stage 2 released the bucket after its reduce-scatter: a new one, stale (its gradients are
-// copied in as they come); only the padding is zeroed, as it is reduced with the rest.
+// copied in as they come); the padding at its end is zeroed, as it is reduced with the rest. The
+// gaps between slots are reduced too but never read: no parameter lies there.
 void DistributedDataParallel::allocate(Bucket& b) {
   if (b.buffer.defined()) return;
   b.buffer = empty({b.numel}, params_[b.params[0]].options());  // (numel,)

@@ -176,6 +176,13 @@ class DistributedDataParallel {
   Tensor my_block(const Tensor& shard, const Bucket& bucket) const;  // that block's place in a (shard,) tensor
   void check_zero_bucket(size_t bucket) const;
   Tensor slot(const Bucket& bucket, size_t k) const;  // parameter k's gradient view in the bucket
+  // Each gradient slot (and, under ZeRO, each parameter in the flat space) starts on a
+  // 256-byte boundary, as the parameters did in their own allocations: GEMM libraries choose
+  // their kernels by pointer alignment, so packed but misaligned weights would run other (slower,
+  // differently rounded) kernels. The gaps cost under 256 bytes per parameter.
+  static constexpr size_t kSlotAlignmentBytes = 256;
+  static int64_t slot_alignment(DType dtype);    // in elements
+  int64_t next_slot(const Bucket& bucket) const;  // where the next slot after the bucket's last would start
 
   std::shared_ptr<nn::Module> module_;
   DdpOptions options_;

@@ -337,10 +337,12 @@ TEST(Zero, OptimizerStateIsOneNthOfStageZero) {
   for (int stage : {1, 2}) {
     run.stage = stage;
     RunResult sharded = train(image_workload("mlp"), run);
-    // Moments (2 x 4 bytes per element) plus a 4-byte step count per piece: within a few
-    // hundred bytes of full / n.
-    EXPECT_LE(sharded.state_bytes, full.state_bytes / n + 8 * n * 8 + 64 * 4);
-    EXPECT_GE(sharded.state_bytes, full.state_bytes / n - 8 * n * 8 - 64 * 4);
+    // Moments (2 x 4 bytes per element) plus a 4-byte step count per piece: full / n, give or
+    // take what the padding moves between shards (each parameter's slot is rounded up to 256
+    // bytes, 64 f32 elements) and a few step counts.
+    const int64_t padding = 8 * 64 * static_cast<int64_t>(fashion::make_mlp(TensorOptions())->parameters().size());
+    EXPECT_LE(sharded.state_bytes, full.state_bytes / n + padding + 64 * 4);
+    EXPECT_GE(sharded.state_bytes, full.state_bytes / n - padding - 64 * 4);
   }
 }
 
@@ -477,8 +479,11 @@ TEST(Zero, EachRankOwnsOneContiguousEqualShardOfTheFlatParameterSpace) {
     int64_t model_numel = 0;
     for (const Tensor& p : sharded.model->parameters()) model_numel += p.numel();
     EXPECT_EQ(flat.numel() % w.size, 0);
+    // Padded: a 256-byte slot per parameter, and a whole number of aligned units per rank.
+    const int64_t align = 256 / static_cast<int64_t>(sizeof(float));
+    const int64_t params = static_cast<int64_t>(sharded.model->parameters().size());
     EXPECT_GE(flat.numel(), model_numel);
-    EXPECT_LT(flat.numel(), model_numel + w.size);
+    EXPECT_LT(flat.numel(), model_numel + params * align + w.size * align);
     EXPECT_EQ(end - begin, flat.numel() / w.size);
     EXPECT_EQ(begin, w.rank * (end - begin));
     // Every parameter lies inside the flat space; every piece inside this rank's shard, and the
@@ -490,15 +495,20 @@ TEST(Zero, EachRankOwnsOneContiguousEqualShardOfTheFlatParameterSpace) {
       EXPECT_GE(at, 0);
       EXPECT_LE(at + p.numel(), flat.numel());
     }
-    int64_t held = 0;
+    int64_t held = 0, in_shard = 0;
     for (const Tensor& piece : zero.params()) {
       const int64_t at = (static_cast<const char*>(piece.data_ptr()) - base) / static_cast<int64_t>(element);
       EXPECT_GE(at, begin) << "stage " << stage;
       EXPECT_LE(at + piece.numel(), end) << "stage " << stage;
+      EXPECT_EQ(at % (256 / element), 0) << "every piece starts on a 256-byte boundary (its parameter's or the shard's)";
       held += piece.numel();
     }
-    const int64_t real_in_shard = std::max<int64_t>(0, std::min(end, model_numel) - begin);
-    EXPECT_EQ(held, real_in_shard) << "stage " << stage;
+    for (const Tensor& p : sharded.model->parameters()) {
+      const int64_t at = (static_cast<const char*>(p.data_ptr()) - base) / static_cast<int64_t>(element);
+      EXPECT_EQ(at % (256 / element), 0) << "every parameter starts on a 256-byte boundary";
+      in_shard += std::max<int64_t>(0, std::min(end, at + p.numel()) - std::max(begin, at));
+    }
+    EXPECT_EQ(held, in_shard) << "stage " << stage;
   }
 }
 
