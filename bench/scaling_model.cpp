@@ -51,6 +51,7 @@ struct Setting {
   bool overlap = true;
   bool overlap_optimizer = true;
   int zero_stage = 0;
+  std::vector<std::vector<int64_t>> recorded_plan;  // a run's own buckets (parameter indices), if it kept them
 };
 
 struct Plan {
@@ -59,6 +60,21 @@ struct Plan {
 };
 
 Plan plan_for(const StepProfile& profile, const Setting& s, const SimulationOptions& sim) {
+  if (!s.recorded_plan.empty()) {  // the buckets the run itself used (e.g. the planner's at run time)
+    std::map<int64_t, int64_t> position;  // parameter index -> profile index
+    for (size_t i = 0; i < profile.gradients.size(); ++i) position[profile.gradients[i].param_index] = int64_t(i);
+    ProfilePlan plan;
+    for (const auto& b : s.recorded_plan) {
+      std::vector<int64_t> local;
+      for (int64_t p : b) {
+        TANDEM_CHECK_AS(ValueError, position.count(p), "a recorded plan names parameter ", p,
+                        ", which the profile of '", profile.workload, "' does not have");
+        local.push_back(position.at(p));
+      }
+      plan.push_back(local);
+    }
+    return {plan, "recorded plan"};
+  }
   if (s.bucket == "auto") {
     BucketPlan auto_plan = plan_buckets(profile, sim);
     std::map<int64_t, int64_t> position;  // parameter index -> profile index
@@ -122,6 +138,8 @@ std::vector<Run> read_runs(const std::string& docs) {
       run.setting.comm_dtype = r.value("comm_dtype", std::string("same"));
       run.setting.overlap = r.value("overlap", true);
       run.setting.overlap_optimizer = r.value("overlap_optimizer", true);
+      run.setting.zero_stage = r.value("zero", 0);
+      if (r.contains("plan")) run.setting.recorded_plan = r.at("plan").get<std::vector<std::vector<int64_t>>>();
       runs.push_back(run);
     }
   }
@@ -137,9 +155,10 @@ StepPrediction predict_run(const Run& run, const ModelParameters& par, std::map<
 }
 
 std::string setting_label(const Setting& s) {
-  std::string label = s.bucket == "one" ? "one bucket" : s.bucket + " MB";
+  std::string label = s.bucket == "one" ? "one bucket" : s.bucket == "auto" ? "auto" : s.bucket + " MB";
   if (s.comm_dtype != "same") label += " " + s.comm_dtype;
   if (!s.overlap) label += " no-overlap";
+  if (s.zero_stage > 0) label += " zero" + std::to_string(s.zero_stage);
   return label;
 }
 
