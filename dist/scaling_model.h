@@ -65,6 +65,10 @@ enum class CollectiveKind { all_reduce, reduce_scatter, all_gather };
 double collective_ms(CollectiveKind kind, double bytes, int gpus, const Topology& topo,
                      Algorithm algorithm = Algorithm::automatic);
 
+// A bucket's collective under ZeRO `zero_stage` as DDP runs it: stage 2 reduce-scatters, stages 0
+// and 1 all-reduce (stage 1 shards only the optimizer state).
+CollectiveKind bucket_collective(int zero_stage);
+
 // The model's free parameters: the defaults are docs/scaling/model_parameters.json, fitted by
 // bench/scaling_model --calibrate on two named runs of 2026-11-22 (4 H200s).
 struct ModelParameters {
@@ -83,7 +87,7 @@ struct SimulationOptions {
   bool overlap = true;             // buckets launched during backward (false: all after it)
   bool overlap_optimizer = true;   // the last bucket travels while the other parameters update
   int64_t comm_element_bytes = 0;  // bytes per gradient element on the wire; 0: the gradient's own
-  int zero_stage = 0;              // 1, 2: reduce-scatter the buckets, all-gather the parameters
+  int zero_stage = 0;  // 1, 2: the optimizer on a shard, parameters all-gathered; 2: buckets reduce-scattered
   Algorithm algorithm = Algorithm::automatic;
 };
 
