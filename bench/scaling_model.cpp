@@ -40,6 +40,7 @@ ModelParameters read_parameters(const std::string& path) {
   p.compute_slowdown = j.at("compute_slowdown").get<double>();
   p.bucket_overhead_us = j.at("bucket_overhead_us").get<double>();
   p.sync_share = j.at("sync_share").get<double>();
+  p.comm_slowdown = j.value("comm_slowdown", 0.0);
   return p;
 }
 
@@ -172,10 +173,12 @@ int validate(const std::string& docs, const std::string& params_path) {
   std::vector<std::string> calibration = pj.at("calibrated_on").get<std::vector<std::string>>();
   std::vector<Run> runs = read_runs(docs);
   std::map<std::string, StepProfile> cache;
-  std::printf("model parameters (%s): compute slowdown %.3f, bucket overhead %.1f us, sync share %.4f\n",
-              params_path.c_str(), par.compute_slowdown, par.bucket_overhead_us, par.sync_share);
-  std::printf("%-32s %-9s %-5s %4s %-20s %8s %8s %7s %8s  %7s %7s %7s\n", "run", "workload", "prec", "gpus",
-              "setting", "measured", "predict", "error", "fastest", "exposed", "slowdn", "ovhd");
+  std::printf(
+      "model parameters (%s): compute slowdown %.3f, communication slowdown %.2f, bucket overhead %.1f us, sync "
+      "share %.4f\n",
+      params_path.c_str(), par.compute_slowdown, par.comm_slowdown, par.bucket_overhead_us, par.sync_share);
+  std::printf("%-32s %-9s %-5s %4s %-20s %8s %8s %7s %8s  %7s %7s %7s %7s %7s\n", "run", "workload", "prec", "gpus",
+              "setting", "measured", "predict", "error", "fastest", "exposed", "slowdn", "ovhd", "comm", "(meas)");
   double sum = 0, worst = 0;
   int n = 0;
   for (const Run& run : runs) {
@@ -186,9 +189,11 @@ int validate(const std::string& docs, const std::string& params_path) {
     // "fastest": the measured efficiency at the run's fastest timed step, where kept (the median's spread).
     std::string fastest = run.step_ms_min > 0 ? std::to_string(100 * run.step_ms_1gpu / run.step_ms_min) : "-";
     if (run.step_ms_min > 0) fastest = fastest.substr(0, fastest.find('.') + 2) + "%";
-    std::printf("%-32s %-9s %-5s %4d %-20s %7.1f%% %7.1f%% %+6.1f %8s  %7.3f %7.3f %7.3f%s\n", run.id.c_str(),
+    char comm[16] = "-";
+    if (run.comm_ms >= 0) std::snprintf(comm, sizeof comm, "%.3f", run.comm_ms);
+    std::printf("%-32s %-9s %-5s %4d %-20s %7.1f%% %7.1f%% %+6.1f %8s  %7.3f %7.3f %7.3f %7.3f %7s%s\n", run.id.c_str(),
                 run.workload.c_str(), run.precision.c_str(), run.gpus, setting_label(run.setting).c_str(), measured,
-                predicted, error, fastest.c_str(), p.exposed_ms, p.slowdown_ms, p.overhead_ms,
+                predicted, error, fastest.c_str(), p.exposed_ms, p.slowdown_ms, p.overhead_ms, p.comm_ms, comm,
                 calib ? "  (calibration run)" : "");
     if (!run.excluded.empty()) {
       if (run.step_ms_min > 0) {
@@ -209,7 +214,8 @@ int validate(const std::string& docs, const std::string& params_path) {
 }
 
 // Refits the parameters on the runs named in the parameters file: a grid search for the smallest
-// sum of squared step-time errors (and, where measured, the collectives' summed time).
+// sum of squared step-time errors (and, where measured, the collectives' summed time, which is what
+// tells the communication slowdown from the compute slowdown).
 int calibrate(const std::string& docs, const std::string& params_path) {
   nlohmann::ordered_json pj = nlohmann::ordered_json::parse(read_json(params_path).dump());
   std::vector<std::string> names = pj.at("calibrated_on").get<std::vector<std::string>>();
@@ -227,7 +233,8 @@ int calibrate(const std::string& docs, const std::string& params_path) {
   for (double slowdown = 0; slowdown <= 1.5001; slowdown += 0.025) {
     for (double overhead = 0; overhead <= 200; overhead += 5) {
       for (double share = 0; share <= 0.1; share += 0.0025) {
-        ModelParameters par{slowdown, overhead, share};
+       for (double comm = 0; comm <= 1.0001; comm += 0.1) {
+        ModelParameters par{slowdown, overhead, share, comm};
         double error = 0;
         for (const Run& run : chosen) {
           StepPrediction p = predict_run(run, par, cache);
@@ -235,17 +242,19 @@ int calibrate(const std::string& docs, const std::string& params_path) {
           if (run.comm_ms >= 0) error += std::pow(p.comm_ms - run.comm_ms, 2);
         }
         if (error < best_error) best_error = error, best = par;
+       }
       }
     }
   }
   pj["compute_slowdown"] = best.compute_slowdown;
   pj["bucket_overhead_us"] = best.bucket_overhead_us;
   pj["sync_share"] = best.sync_share;
+  pj["comm_slowdown"] = best.comm_slowdown;
   std::ofstream(params_path) << pj.dump(2) << "\n";
   std::printf(
-      "calibrated on %zu runs: compute slowdown %.3f, bucket overhead %.1f us, sync share %.4f (rms %.3f ms); "
-      "written to %s\n",
-      chosen.size(), best.compute_slowdown, best.bucket_overhead_us, best.sync_share,
+      "calibrated on %zu runs: compute slowdown %.3f, communication slowdown %.2f, bucket overhead %.1f us, sync "
+      "share %.4f (rms %.3f ms); written to %s\n",
+      chosen.size(), best.compute_slowdown, best.comm_slowdown, best.bucket_overhead_us, best.sync_share,
       std::sqrt(best_error / chosen.size()), params_path.c_str());
   return 0;
 }

@@ -18,7 +18,11 @@ constexpr double kMiB = 1024.0 * 1024.0;
 // - NVLink on H200/H100 hosts: the project's bench/allreduce on 2 and 4 H200s (2026-11-22) reached
 //   329-336 GB/s of bus bandwidth at 256 MiB-1 GiB; 330 is used.
 // - A hop's latency: about 1 us on NVLink, 4 us over InfiniBand and 10 us over Ethernet (RoCE), the
-//   order of the figures NCCL's own tuning model assumes; a collective's base cost 8 us.
+//   order of the figures NCCL's own tuning model assumes.
+// - A collective's base cost, 44 us: bench/allreduce on 2 H200s (2026-11-24, NCCL 2.28, tandem's
+//   group) fits 46 us + bytes at 315 GB/s over 2-128 MiB (least squares on relative error), less
+//   the two NVLink ring steps of 1 us (raw ncclAllReduce: 38 us; tandem's group adds about 8 us
+//   from 2 MiB up, 54 us at 1 MiB).
 // - NICs reach about 92% (InfiniBand) or 85% (Ethernet) of their line rate in nccl-tests.
 constexpr double kBaseUs = 44.0;
 
@@ -179,7 +183,6 @@ StepPrediction simulate_step(const StepProfile& profile, const ProfilePlan& plan
     CollectiveKind kind = bucket_collective(options.zero_stage);
     b.cost_ms = par.bucket_overhead_us / 1e3 + collective_ms(kind, wire_bytes, n, options.topology, options.algorithm);
     out.bytes += static_cast<int64_t>(wire_bytes);
-    out.comm_ms += b.cost_ms;
     buckets.push_back(b);
   }
   for (size_t i = 0; i < seen.size(); ++i) {
@@ -192,19 +195,26 @@ StepPrediction simulate_step(const StepProfile& profile, const ProfilePlan& plan
   // rounds of fixed-point iteration settle it.
   const double backward = profile.backward_ms;
   double stretched = backward;
-  std::vector<double> end(buckets.size());
+  std::vector<double> end(buckets.size()), duration(buckets.size());
   for (int round = 0; round < 6; ++round) {
     double scale = stretched / backward, t = 0, launched = 0, beside = 0;
     for (size_t k = 0; k < buckets.size(); ++k) {
       launched = std::max(launched, options.overlap ? buckets[k].ready_ms * scale : stretched);  // in bucket order
       double start = std::max(t, launched);
-      t = start + buckets[k].cost_ms;
+      double cost = buckets[k].cost_ms, beside_room = stretched - start;
+      if (beside_room > 0 && par.comm_slowdown > 0) {
+        double slowed = cost * (1 + par.comm_slowdown);
+        cost = slowed <= beside_room ? slowed : beside_room + (cost - beside_room / (1 + par.comm_slowdown));
+      }
+      t = start + cost;
+      duration[k] = cost;
       end[k] = t;
       beside += std::max(0.0, std::min(t, stretched) - std::min(start, stretched));
     }
     stretched = backward + par.compute_slowdown * beside;
   }
   out.slowdown_ms = stretched - backward;
+  for (double d : duration) out.comm_ms += d;
 
   // After backward: with overlap_optimizer the bucket that ends last is left in flight while the
   // other parameters update.

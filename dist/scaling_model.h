@@ -7,8 +7,9 @@
 // times the profile measured, a bucket's collective is launched when its last gradient is ready
 // (in bucket order, as DDP launches them) and the collectives run one after another on one
 // communication stream. The step then costs, beyond the 1-GPU step: the wait for gradients after
-// backward (exposed communication), the compute slowed down while NCCL kernels share the GPU, a
-// fixed cost per bucket and DDP's cost per gradient byte. Collective times follow nccl-tests' bus
+// backward (exposed communication), the compute slowed down while NCCL kernels share the GPU (and
+// the collectives slowed by the compute beside them), a fixed cost per bucket and a share of the
+// step for synchronisation. Collective times follow nccl-tests' bus
 // bandwidth definitions: an all-reduce of S bytes on N ranks moves 2 (N-1)/N S bytes over the
 // slowest link, a reduce-scatter or all-gather (N-1)/N S.
 #include <cstdint>
@@ -70,14 +71,17 @@ double collective_ms(CollectiveKind kind, double bytes, int gpus, const Topology
 CollectiveKind bucket_collective(int zero_stage);
 
 // The model's free parameters: the defaults are docs/scaling/model_parameters.json, fitted by
-// bench/scaling_model --calibrate on two named runs of 2026-11-22 (4 H200s).
+// bench/scaling_model --calibrate on two named runs of 2026-11-24 (2 H200s, the code of 7ddbcbb).
 struct ModelParameters {
-  double compute_slowdown = 0.3;   // compute time added per ms of communication running beside it
-  double bucket_overhead_us = 80;  // per bucket: launch, cast to the wire dtype, events
+  double compute_slowdown = 0.55;  // compute time added per ms of communication running beside it
+  double bucket_overhead_us = 10;  // per bucket, beyond the collective's own base: cast, events, hooks
   // The step on several GPUs is also longer by this share of the 1-GPU step, whatever the
   // buckets: every collective makes the ranks wait for the slowest one, and DDP adds its own work
   // (hooks, copies of gradients into buckets). Measured, not derived: see the README.
-  double sync_share = 0.0275;
+  double sync_share = 0.02;
+  // A collective running beside backward's kernels is slowed too (fewer SMs, shared memory
+  // bandwidth): the part of it that runs beside them takes (1 + comm_slowdown) times as long.
+  double comm_slowdown = 0.4;
 };
 
 struct SimulationOptions {
