@@ -61,7 +61,7 @@ struct Plan {
 };
 
 Plan plan_for(const StepProfile& profile, const Setting& s, const SimulationOptions& sim) {
-  if (!s.recorded_plan.empty()) {  // the buckets the run itself used (e.g. the planner's at run time)
+  if (!s.recorded_plan.empty()) {         // the buckets the run itself used (e.g. the planner's at run time)
     std::map<int64_t, int64_t> position;  // parameter index -> profile index
     for (size_t i = 0; i < profile.gradients.size(); ++i) position[profile.gradients[i].param_index] = int64_t(i);
     ProfilePlan plan;
@@ -233,16 +233,16 @@ int calibrate(const std::string& docs, const std::string& params_path) {
   for (double slowdown = 0; slowdown <= 1.5001; slowdown += 0.025) {
     for (double overhead = 0; overhead <= 200; overhead += 5) {
       for (double share = 0; share <= 0.1; share += 0.0025) {
-       for (double comm = 0; comm <= 1.0001; comm += 0.1) {
-        ModelParameters par{slowdown, overhead, share, comm};
-        double error = 0;
-        for (const Run& run : chosen) {
-          StepPrediction p = predict_run(run, par, cache);
-          error += std::pow(p.step_ms - run.step_ms, 2);
-          if (run.comm_ms >= 0) error += std::pow(p.comm_ms - run.comm_ms, 2);
+        for (double comm = 0; comm <= 1.0001; comm += 0.1) {
+          ModelParameters par{slowdown, overhead, share, comm};
+          double error = 0;
+          for (const Run& run : chosen) {
+            StepPrediction p = predict_run(run, par, cache);
+            error += std::pow(p.step_ms - run.step_ms, 2);
+            if (run.comm_ms >= 0) error += std::pow(p.comm_ms - run.comm_ms, 2);
+          }
+          if (error < best_error) best_error = error, best = par;
         }
-        if (error < best_error) best_error = error, best = par;
-       }
       }
     }
   }

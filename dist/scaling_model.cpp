@@ -232,7 +232,8 @@ StepPrediction simulate_step(const StepProfile& profile, const ProfilePlan& plan
       double bytes = 0;
       for (int64_t i : plan[k]) bytes += double(profile.gradients[i].numel * profile.gradients[i].element_bytes);
       update_end += optimizer * buckets[k].param_share / n;
-      double cost = par.bucket_overhead_us / 1e3 + collective_ms(CollectiveKind::all_gather, bytes, n, options.topology);
+      double cost =
+          par.bucket_overhead_us / 1e3 + collective_ms(CollectiveKind::all_gather, bytes, n, options.topology);
       double start = std::max(gather_end, update_end);
       gather_end = start + cost;
       gather += cost;
