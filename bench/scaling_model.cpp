@@ -40,6 +40,7 @@ ModelParameters read_parameters(const std::string& path) {
   p.compute_slowdown = j.at("compute_slowdown").get<double>();
   p.bucket_overhead_us = j.at("bucket_overhead_us").get<double>();
   p.sync_share = j.at("sync_share").get<double>();
+  p.comm_slowdown = j.value("comm_slowdown", 0.0);
   return p;
 }
 
@@ -51,6 +52,7 @@ struct Setting {
   bool overlap = true;
   bool overlap_optimizer = true;
   int zero_stage = 0;
+  std::vector<std::vector<int64_t>> recorded_plan;  // a run's own buckets (parameter indices), if it kept them
 };
 
 struct Plan {
@@ -59,6 +61,21 @@ struct Plan {
 };
 
 Plan plan_for(const StepProfile& profile, const Setting& s, const SimulationOptions& sim) {
+  if (!s.recorded_plan.empty()) {         // the buckets the run itself used (e.g. the planner's at run time)
+    std::map<int64_t, int64_t> position;  // parameter index -> profile index
+    for (size_t i = 0; i < profile.gradients.size(); ++i) position[profile.gradients[i].param_index] = int64_t(i);
+    ProfilePlan plan;
+    for (const auto& b : s.recorded_plan) {
+      std::vector<int64_t> local;
+      for (int64_t p : b) {
+        TANDEM_CHECK_AS(ValueError, position.count(p), "a recorded plan names parameter ", p,
+                        ", which the profile of '", profile.workload, "' does not have");
+        local.push_back(position.at(p));
+      }
+      plan.push_back(local);
+    }
+    return {plan, "recorded plan"};
+  }
   if (s.bucket == "auto") {
     BucketPlan auto_plan = plan_buckets(profile, sim);
     std::map<int64_t, int64_t> position;  // parameter index -> profile index
@@ -98,6 +115,8 @@ struct Run {
   int gpus = 1;
   Setting setting;
   double step_ms_1gpu = 0, step_ms = 0, comm_ms = -1;
+  double step_ms_min = 0;  // the fastest timed step, where kept
+  std::string excluded;    // why the statistics leave this run out (its error is still printed)
   double efficiency() const { return step_ms_1gpu / step_ms; }
 };
 
@@ -118,10 +137,14 @@ std::vector<Run> read_runs(const std::string& docs) {
       run.step_ms_1gpu = r.at("step_ms_1gpu").get<double>();
       run.step_ms = r.at("step_ms").get<double>();
       run.comm_ms = r.value("comm_ms", -1.0);
+      run.step_ms_min = r.value("step_ms_min", 0.0);
+      run.excluded = r.value("excluded", std::string());
       run.setting.bucket = r.value("bucket", std::string("25"));
       run.setting.comm_dtype = r.value("comm_dtype", std::string("same"));
       run.setting.overlap = r.value("overlap", true);
       run.setting.overlap_optimizer = r.value("overlap_optimizer", true);
+      run.setting.zero_stage = r.value("zero", 0);
+      if (r.contains("plan")) run.setting.recorded_plan = r.at("plan").get<std::vector<std::vector<int64_t>>>();
       runs.push_back(run);
     }
   }
@@ -137,9 +160,10 @@ StepPrediction predict_run(const Run& run, const ModelParameters& par, std::map<
 }
 
 std::string setting_label(const Setting& s) {
-  std::string label = s.bucket == "one" ? "one bucket" : s.bucket + " MB";
+  std::string label = s.bucket == "one" ? "one bucket" : s.bucket == "auto" ? "auto" : s.bucket + " MB";
   if (s.comm_dtype != "same") label += " " + s.comm_dtype;
   if (!s.overlap) label += " no-overlap";
+  if (s.zero_stage > 0) label += " zero" + std::to_string(s.zero_stage);
   return label;
 }
 
@@ -149,10 +173,12 @@ int validate(const std::string& docs, const std::string& params_path) {
   std::vector<std::string> calibration = pj.at("calibrated_on").get<std::vector<std::string>>();
   std::vector<Run> runs = read_runs(docs);
   std::map<std::string, StepProfile> cache;
-  std::printf("model parameters (%s): compute slowdown %.3f, bucket overhead %.1f us, sync share %.4f\n",
-              params_path.c_str(), par.compute_slowdown, par.bucket_overhead_us, par.sync_share);
-  std::printf("%-28s %-9s %-5s %4s %-22s %8s %8s %7s  %7s %7s %7s\n", "run", "workload", "prec", "gpus", "setting",
-              "measured", "predict", "error", "exposed", "slowdn", "ovhd");
+  std::printf(
+      "model parameters (%s): compute slowdown %.3f, communication slowdown %.2f, bucket overhead %.1f us, sync "
+      "share %.4f\n",
+      params_path.c_str(), par.compute_slowdown, par.comm_slowdown, par.bucket_overhead_us, par.sync_share);
+  std::printf("%-32s %-9s %-5s %4s %-20s %8s %8s %7s %8s  %7s %7s %7s %7s %7s\n", "run", "workload", "prec", "gpus",
+              "setting", "measured", "predict", "error", "fastest", "exposed", "slowdn", "ovhd", "comm", "(meas)");
   double sum = 0, worst = 0;
   int n = 0;
   for (const Run& run : runs) {
@@ -160,9 +186,24 @@ int validate(const std::string& docs, const std::string& params_path) {
     double measured = 100 * run.efficiency(), predicted = 100 * run.step_ms_1gpu / p.step_ms;
     double error = predicted - measured;
     bool calib = std::find(calibration.begin(), calibration.end(), run.id) != calibration.end();
-    std::printf("%-28s %-9s %-5s %4d %-22s %7.1f%% %7.1f%% %+6.1f  %7.3f %7.3f %7.3f%s\n", run.id.c_str(),
+    // "fastest": the measured efficiency at the run's fastest timed step, where kept (the median's spread).
+    std::string fastest = run.step_ms_min > 0 ? std::to_string(100 * run.step_ms_1gpu / run.step_ms_min) : "-";
+    if (run.step_ms_min > 0) fastest = fastest.substr(0, fastest.find('.') + 2) + "%";
+    char comm[16] = "-";
+    if (run.comm_ms >= 0) std::snprintf(comm, sizeof comm, "%.3f", run.comm_ms);
+    std::printf("%-32s %-9s %-5s %4d %-20s %7.1f%% %7.1f%% %+6.1f %8s  %7.3f %7.3f %7.3f %7.3f %7s%s\n", run.id.c_str(),
                 run.workload.c_str(), run.precision.c_str(), run.gpus, setting_label(run.setting).c_str(), measured,
-                predicted, error, p.exposed_ms, p.slowdown_ms, p.overhead_ms, calib ? "  (calibration run)" : "");
+                predicted, error, fastest.c_str(), p.exposed_ms, p.slowdown_ms, p.overhead_ms, p.comm_ms, comm,
+                calib ? "  (calibration run)" : "");
+    if (!run.excluded.empty()) {
+      if (run.step_ms_min > 0) {
+        std::printf("  %s at its fastest step (%.2f ms): measured %.1f%%, error %+.1f\n", run.id.c_str(),
+                    run.step_ms_min, 100 * run.step_ms_1gpu / run.step_ms_min,
+                    predicted - 100 * run.step_ms_1gpu / run.step_ms_min);
+      }
+      std::printf("  %s left out of the statistics: %s\n", run.id.c_str(), run.excluded.c_str());
+      continue;
+    }
     if (calib) continue;
     sum += std::fabs(error);
     worst = std::max(worst, std::fabs(error));
@@ -173,7 +214,8 @@ int validate(const std::string& docs, const std::string& params_path) {
 }
 
 // Refits the parameters on the runs named in the parameters file: a grid search for the smallest
-// sum of squared step-time errors (and, where measured, the collectives' summed time).
+// sum of squared step-time errors (and, where measured, the collectives' summed time, which is what
+// tells the communication slowdown from the compute slowdown).
 int calibrate(const std::string& docs, const std::string& params_path) {
   nlohmann::ordered_json pj = nlohmann::ordered_json::parse(read_json(params_path).dump());
   std::vector<std::string> names = pj.at("calibrated_on").get<std::vector<std::string>>();
@@ -191,25 +233,28 @@ int calibrate(const std::string& docs, const std::string& params_path) {
   for (double slowdown = 0; slowdown <= 1.5001; slowdown += 0.025) {
     for (double overhead = 0; overhead <= 200; overhead += 5) {
       for (double share = 0; share <= 0.1; share += 0.0025) {
-        ModelParameters par{slowdown, overhead, share};
-        double error = 0;
-        for (const Run& run : chosen) {
-          StepPrediction p = predict_run(run, par, cache);
-          error += std::pow(p.step_ms - run.step_ms, 2);
-          if (run.comm_ms >= 0) error += std::pow(p.comm_ms - run.comm_ms, 2);
+        for (double comm = 0; comm <= 1.0001; comm += 0.1) {
+          ModelParameters par{slowdown, overhead, share, comm};
+          double error = 0;
+          for (const Run& run : chosen) {
+            StepPrediction p = predict_run(run, par, cache);
+            error += std::pow(p.step_ms - run.step_ms, 2);
+            if (run.comm_ms >= 0) error += std::pow(p.comm_ms - run.comm_ms, 2);
+          }
+          if (error < best_error) best_error = error, best = par;
         }
-        if (error < best_error) best_error = error, best = par;
       }
     }
   }
   pj["compute_slowdown"] = best.compute_slowdown;
   pj["bucket_overhead_us"] = best.bucket_overhead_us;
   pj["sync_share"] = best.sync_share;
+  pj["comm_slowdown"] = best.comm_slowdown;
   std::ofstream(params_path) << pj.dump(2) << "\n";
   std::printf(
-      "calibrated on %zu runs: compute slowdown %.3f, bucket overhead %.1f us, sync share %.4f (rms %.3f ms); "
-      "written to %s\n",
-      chosen.size(), best.compute_slowdown, best.bucket_overhead_us, best.sync_share,
+      "calibrated on %zu runs: compute slowdown %.3f, communication slowdown %.2f, bucket overhead %.1f us, sync "
+      "share %.4f (rms %.3f ms); written to %s\n",
+      chosen.size(), best.compute_slowdown, best.comm_slowdown, best.bucket_overhead_us, best.sync_share,
       std::sqrt(best_error / chosen.size()), params_path.c_str());
   return 0;
 }

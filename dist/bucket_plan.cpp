@@ -39,7 +39,7 @@ ProfilePlan search_boundaries(const StepProfile& profile, const std::vector<int6
     int64_t wire = options.comm_element_bytes > 0 ? options.comm_element_bytes : g.element_bytes;
     prefix_bytes[k + 1] = prefix_bytes[k] + double(g.numel * wire);
   }
-  CollectiveKind kind = options.zero_stage > 0 ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
+  CollectiveKind kind = scaling::bucket_collective(options.zero_stage);
   const double overhead_ms = options.parameters.bucket_overhead_us / 1e3 + penalty_ms;
   std::vector<double> finish(m + 1, std::numeric_limits<double>::infinity());  // (m + 1,) best end of a prefix
   std::vector<size_t> cut(m + 1, 0);                                           // (m + 1,) where its last bucket starts

@@ -18,8 +18,14 @@ constexpr double kMiB = 1024.0 * 1024.0;
 // - NVLink on H200/H100 hosts: the project's bench/allreduce on 2 and 4 H200s (2026-11-22) reached
 //   329-336 GB/s of bus bandwidth at 256 MiB-1 GiB; 330 is used.
 // - A hop's latency: about 1 us on NVLink, 4 us over InfiniBand and 10 us over Ethernet (RoCE), the
-//   order of the figures NCCL's own tuning model assumes; a collective's base cost 8 us.
+//   order of the figures NCCL's own tuning model assumes.
+// - A collective's base cost, 44 us: bench/allreduce on 2 H200s (2026-11-24, NCCL 2.28, tandem's
+//   group) fits 46 us + bytes at 315 GB/s over 2-128 MiB (least squares on relative error), less
+//   the two NVLink ring steps of 1 us (raw ncclAllReduce: 38 us; tandem's group adds about 8 us
+//   from 2 MiB up, 54 us at 1 MiB).
 // - NICs reach about 92% (InfiniBand) or 85% (Ethernet) of their line rate in nccl-tests.
+constexpr double kBaseUs = 44.0;
+
 LinkLevel nvlink_h200() { return {330.0, 1.0}; }
 
 LinkLevel network(int nics, double gbps, bool infiniband) {
@@ -40,7 +46,7 @@ double StepProfile::other_ms() const { return std::max(0.0, step_ms - forward_ms
 Topology topology_from_name(const std::string& name) {
   Topology t;
   t.name = name;
-  t.base_us = 8.0;
+  t.base_us = kBaseUs;
   t.intra = nvlink_h200();
   if (name == "h200x4") {
     t.gpus_per_host = 4;
@@ -94,6 +100,10 @@ double collective_ms(CollectiveKind kind, double bytes, int gpus, const Topology
   if (algorithm == Algorithm::tree && tree_allowed) us = tree_us;
   if (algorithm == Algorithm::automatic && tree_allowed) us = std::min(ring_us, tree_us);
   return us / 1e3;
+}
+
+CollectiveKind bucket_collective(int zero_stage) {
+  return zero_stage == 2 ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
 }
 
 ProfilePlan plan_for_cap(const StepProfile& profile, double cap_mb, double first_mb) {
@@ -170,10 +180,9 @@ StepPrediction simulate_step(const StepProfile& profile, const ProfilePlan& plan
           double(g.numel) * double(options.comm_element_bytes > 0 ? options.comm_element_bytes : g.element_bytes);
       b.param_share += double(g.numel) / double(std::max<int64_t>(total_numel, 1));
     }
-    CollectiveKind kind = options.zero_stage > 0 ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
+    CollectiveKind kind = bucket_collective(options.zero_stage);
     b.cost_ms = par.bucket_overhead_us / 1e3 + collective_ms(kind, wire_bytes, n, options.topology, options.algorithm);
     out.bytes += static_cast<int64_t>(wire_bytes);
-    out.comm_ms += b.cost_ms;
     buckets.push_back(b);
   }
   for (size_t i = 0; i < seen.size(); ++i) {
@@ -186,19 +195,26 @@ StepPrediction simulate_step(const StepProfile& profile, const ProfilePlan& plan
   // rounds of fixed-point iteration settle it.
   const double backward = profile.backward_ms;
   double stretched = backward;
-  std::vector<double> end(buckets.size());
+  std::vector<double> end(buckets.size()), duration(buckets.size());
   for (int round = 0; round < 6; ++round) {
     double scale = stretched / backward, t = 0, launched = 0, beside = 0;
     for (size_t k = 0; k < buckets.size(); ++k) {
       launched = std::max(launched, options.overlap ? buckets[k].ready_ms * scale : stretched);  // in bucket order
       double start = std::max(t, launched);
-      t = start + buckets[k].cost_ms;
+      double cost = buckets[k].cost_ms, beside_room = stretched - start;
+      if (beside_room > 0 && par.comm_slowdown > 0) {
+        double slowed = cost * (1 + par.comm_slowdown);
+        cost = slowed <= beside_room ? slowed : beside_room + (cost - beside_room / (1 + par.comm_slowdown));
+      }
+      t = start + cost;
+      duration[k] = cost;
       end[k] = t;
       beside += std::max(0.0, std::min(t, stretched) - std::min(start, stretched));
     }
     stretched = backward + par.compute_slowdown * beside;
   }
   out.slowdown_ms = stretched - backward;
+  for (double d : duration) out.comm_ms += d;
 
   // After backward: with overlap_optimizer the bucket that ends last is left in flight while the
   // other parameters update.
@@ -206,18 +222,32 @@ StepPrediction simulate_step(const StepProfile& profile, const ProfilePlan& plan
   double comm_end = buckets.empty() ? 0 : end.back();
   double after_backward = 0;
   if (options.zero_stage > 0) {
-    // Each rank updates its shard, then the parameters are all-gathered (exposed: the next forward
-    // needs them).
-    double gather = 0;
-    for (const std::vector<int64_t>& members : plan) {
-      double bytes = 0;
-      for (int64_t i : members) bytes += double(profile.gradients[i].numel * profile.gradients[i].element_bytes);
-      gather += par.bucket_overhead_us / 1e3 + collective_ms(CollectiveKind::all_gather, bytes, n, options.topology);
-    }
+    // As dist::ZeroRedundancyOptimizer does it: once every bucket is reduced, each rank updates its
+    // shard bucket by bucket, and each bucket's parameters are all-gathered as soon as its shard is
+    // updated, beside the update of the next ones; the next forward waits for the last gather.
     double wait = std::max(0.0, comm_end - stretched);
-    out.exposed_ms = wait + gather;
+    double update_end = 0, gather_end = 0, gather = 0;
+    std::vector<std::pair<double, double>> gathers;  // (start, end) on the communication stream
+    for (size_t k = 0; k < plan.size(); ++k) {
+      double bytes = 0;
+      for (int64_t i : plan[k]) bytes += double(profile.gradients[i].numel * profile.gradients[i].element_bytes);
+      update_end += optimizer * buckets[k].param_share / n;
+      double cost =
+          par.bucket_overhead_us / 1e3 + collective_ms(CollectiveKind::all_gather, bytes, n, options.topology);
+      double start = std::max(gather_end, update_end);
+      gather_end = start + cost;
+      gather += cost;
+      gathers.emplace_back(start, gather_end);
+    }
+    // The update slows down beside the gathers launched before it ends.
+    double beside = 0;
+    for (const auto& [start, stop] : gathers) beside += std::max(0.0, std::min(stop, update_end) - start);
+    double slowed = par.compute_slowdown * beside;
+    double gather_wait = std::max(0.0, gather_end - (update_end + slowed));
+    out.slowdown_ms += slowed;
+    out.exposed_ms = wait + gather_wait;
     out.comm_ms += gather;
-    after_backward = wait + optimizer / n + gather;
+    after_backward = wait + update_end + slowed + gather_wait;
   } else if (options.overlap_optimizer && buckets.size() > 1) {
     double before_last = end[end.size() - 2];
     double wait = std::max(0.0, before_last - stretched);
@@ -234,9 +264,11 @@ StepPrediction simulate_step(const StepProfile& profile, const ProfilePlan& plan
     out.exposed_ms = std::max(0.0, comm_end - stretched);
     after_backward = out.exposed_ms + optimizer;
   }
-  // Per-bucket costs sit on the communication stream (in cost_ms).
+  // Per-bucket costs sit on the communication stream (in cost_ms). The step is the measured 1-GPU
+  // step plus what the replay adds to it: the profile's spans give the shape, not the total (spans
+  // measured with markers can overlap and sum to more than the step itself).
   out.overhead_ms = par.sync_share * profile.step_ms;
-  out.step_ms = profile.other_ms() + profile.forward_ms + stretched + after_backward + out.overhead_ms;
+  out.step_ms = profile.step_ms + (stretched - backward) + (after_backward - optimizer) + out.overhead_ms;
   return out;
 }
 

@@ -7,8 +7,9 @@
 // times the profile measured, a bucket's collective is launched when its last gradient is ready
 // (in bucket order, as DDP launches them) and the collectives run one after another on one
 // communication stream. The step then costs, beyond the 1-GPU step: the wait for gradients after
-// backward (exposed communication), the compute slowed down while NCCL kernels share the GPU, a
-// fixed cost per bucket and DDP's cost per gradient byte. Collective times follow nccl-tests' bus
+// backward (exposed communication), the compute slowed down while NCCL kernels share the GPU (and
+// the collectives slowed by the compute beside them), a fixed cost per bucket and a share of the
+// step for synchronisation. Collective times follow nccl-tests' bus
 // bandwidth definitions: an all-reduce of S bytes on N ranks moves 2 (N-1)/N S bytes over the
 // slowest link, a reduce-scatter or all-gather (N-1)/N S.
 #include <cstdint>
@@ -65,15 +66,22 @@ enum class CollectiveKind { all_reduce, reduce_scatter, all_gather };
 double collective_ms(CollectiveKind kind, double bytes, int gpus, const Topology& topo,
                      Algorithm algorithm = Algorithm::automatic);
 
+// A bucket's collective under ZeRO `zero_stage` as DDP runs it: stage 2 reduce-scatters, stages 0
+// and 1 all-reduce (stage 1 shards only the optimizer state).
+CollectiveKind bucket_collective(int zero_stage);
+
 // The model's free parameters: the defaults are docs/scaling/model_parameters.json, fitted by
-// bench/scaling_model --calibrate on two named runs of 2026-11-22 (4 H200s).
+// bench/scaling_model --calibrate on two named runs of 2026-11-24 (2 H200s, the code of 7ddbcbb).
 struct ModelParameters {
-  double compute_slowdown = 0.3;   // compute time added per ms of communication running beside it
-  double bucket_overhead_us = 80;  // per bucket: launch, cast to the wire dtype, events
+  double compute_slowdown = 0.55;  // compute time added per ms of communication running beside it
+  double bucket_overhead_us = 10;  // per bucket, beyond the collective's own base: cast, events, hooks
   // The step on several GPUs is also longer by this share of the 1-GPU step, whatever the
   // buckets: every collective makes the ranks wait for the slowest one, and DDP adds its own work
   // (hooks, copies of gradients into buckets). Measured, not derived: see the README.
-  double sync_share = 0.0275;
+  double sync_share = 0.02;
+  // A collective running beside backward's kernels is slowed too (fewer SMs, shared memory
+  // bandwidth): the part of it that runs beside them takes (1 + comm_slowdown) times as long.
+  double comm_slowdown = 0.4;
 };
 
 struct SimulationOptions {
@@ -83,7 +91,7 @@ struct SimulationOptions {
   bool overlap = true;             // buckets launched during backward (false: all after it)
   bool overlap_optimizer = true;   // the last bucket travels while the other parameters update
   int64_t comm_element_bytes = 0;  // bytes per gradient element on the wire; 0: the gradient's own
-  int zero_stage = 0;              // 1, 2: reduce-scatter the buckets, all-gather the parameters
+  int zero_stage = 0;  // 1, 2: the optimizer on a shard, parameters all-gathered; 2: buckets reduce-scattered
   Algorithm algorithm = Algorithm::automatic;
 };
 

@@ -83,6 +83,46 @@ TEST(Simulation, OneGpuIsTheProfileAndOverlapNeverLoses) {
   }
 }
 
+// The step is the profile's measured step plus what the replay adds: spans that overlap (sum to
+// more than the step) change nothing, and with every collective free the step is the 1-GPU step
+// plus the synchronisation share.
+TEST(Simulation, TheStepStartsFromTheMeasuredStep) {
+  StepProfile p = kept_profile("mlp");
+  SimulationOptions o;
+  o.topology = topology_from_name("nvlink2");
+  o.gpus = 2;
+  StepPrediction base = simulate_step(p, plan_for_cap(p, 25), o);
+  StepProfile overlapping = p;
+  overlapping.forward_ms += 0.5 * p.step_ms;  // the spans now sum to more than the step
+  StepPrediction same = simulate_step(overlapping, plan_for_cap(p, 25), o);
+  EXPECT_NEAR(same.step_ms, base.step_ms, 1e-9);
+  o.parameters = ModelParameters{0.0, 0.0, 0.02, 0.0};
+  o.topology.base_us = 0;
+  o.topology.intra = {1e12, 0.0};  // an infinitely fast link
+  EXPECT_NEAR(simulate_step(p, plan_for_cap(p, 25), o).step_ms, p.step_ms * 1.02, 1e-6);
+}
+
+// ZeRO as dist::ZeroRedundancyOptimizer runs it: stage 1 all-reduces the buckets, stage 2
+// reduce-scatters them, and both gather the parameters (counted in the collectives' time).
+TEST(Simulation, ZeroStagesUseTheirCollectives) {
+  EXPECT_EQ(bucket_collective(0), CollectiveKind::all_reduce);
+  EXPECT_EQ(bucket_collective(1), CollectiveKind::all_reduce);
+  EXPECT_EQ(bucket_collective(2), CollectiveKind::reduce_scatter);
+  StepProfile p = kept_profile("gpt2");
+  SimulationOptions o;
+  o.topology = topology_from_name("nvlink2");
+  o.gpus = 2;
+  o.overlap_optimizer = false;
+  StepPrediction plain = simulate_step(p, plan_for_cap(p, 25), o);
+  o.zero_stage = 1;
+  StepPrediction one = simulate_step(p, plan_for_cap(p, 25), o);
+  o.zero_stage = 2;
+  StepPrediction two = simulate_step(p, plan_for_cap(p, 25), o);
+  EXPECT_GT(one.comm_ms, plain.comm_ms);  // the same all-reduces, and the gathers
+  EXPECT_LT(two.comm_ms, one.comm_ms);    // reduce-scatters move half the bytes
+  EXPECT_EQ(one.bytes, plain.bytes);
+}
+
 TEST(Simulation, APlanMissingAGradientIsNamed) {
   StepProfile p = kept_profile("mlp");
   ProfilePlan plan = plan_for_cap(p, 25);
