@@ -123,6 +123,13 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // the weight gradient's matmul); on the CPU they are composed.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               Activation activation = Activation::none);
+// The transformer's MLP as one op: linear(gelu_tanh(linear(x, fc_weight, fc_bias)), proj_weight,
+// proj_bias) for x (..., C), fc_weight (H, C), proj_weight (C', H). The same values as the two
+// linear ops; one node, so that on CUDA GELU's backward runs in the epilogue of the matmul that
+// makes its input gradient (cuBLASLt's DGELU, with fc's bias gradient from DGELU_BGRAD) instead of
+// as a pass of its own.
+Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
+                const Tensor& proj_bias);
 
 // ---- shape and views ----
 Tensor reshape(const Tensor& x, const Shape& shape);  // a view when possible, else a copy

@@ -7,6 +7,10 @@
 // - weight gradient, dW (N, K) = g (M, N)^T @ x (M, K): cuBLASLt computes dW^T (K, N) =
 //   x as stored (K, M) @ op_T(g as stored, (N, M)). The GEMM's k is M, and the bias gradient
 //   sum_m g[m, n] is a reduction of cuBLASLt's B over k into D's columns (N): BGRADB.
+// - input gradient through GELU, d_pre (M, K) = gelu'(pre) * (g (M, N) @ W (N, K)): cuBLASLt
+//   computes d_pre^T (K, M) = W as stored (K, N) @ g as stored (N, M), and the DGELU epilogue
+//   reads pre (M, K) row-major as the aux (K, M) with leading dimension K; DGELU_BGRAD also sums
+//   d_pre along D's columns into a (K,) vector: the bias gradient of the layer that made pre.
 // Algorithms come from the heuristic and are cached per problem; a problem without an algorithm
 // is reported (false) so the caller composes plain kernels instead.
 #include <tuple>
@@ -155,6 +159,28 @@ bool linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
   p.bias = grad_bias.defined() ? grad_bias.data_ptr() : nullptr;
   p.aux = nullptr;
   p.epilogue = grad_bias.defined() ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
+  return run(p);
+}
+
+bool linear_backward_input_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre, const Tensor& grad_pre,
+                                const Tensor& grad_pre_bias) {
+  const int64_t m = grad.shape()[0], n = grad.shape()[1], k = weight.shape()[1];
+  Problem p{};
+  p.device = grad_pre.device();
+  p.dtype = grad.dtype();
+  p.rows = k;  // D = d_pre^T (K, M)
+  p.cols = m;
+  p.k = n;
+  p.transpose_a = false;  // W (N, K) row-major is (K, N) column-major
+  p.a = weight.data_ptr();
+  p.lda = k;
+  p.transpose_b = false;  // g (M, N) row-major is (N, M) column-major
+  p.b = grad.data_ptr();
+  p.ldb = n;
+  p.d = grad_pre.data_ptr();
+  p.bias = grad_pre_bias.defined() ? grad_pre_bias.data_ptr() : nullptr;
+  p.aux = pre.data_ptr();
+  p.epilogue = grad_pre_bias.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
   return run(p);
 }
 

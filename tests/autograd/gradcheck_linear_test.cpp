@@ -34,6 +34,26 @@ TEST(GradcheckLinear, TransposedInputAndOnlySomeGradients) {
   EXPECT_GRADCHECK([wd](const Inputs& v) { return linear(v[0], wd, Tensor(), Activation::gelu_tanh); }, (Inputs{xt}));
 }
 
+TEST(GradcheckGeluMlp, EveryInputWithAndWithoutBiases) {
+  auto x = random_leaf({2, 3, 4}), fc_w = random_leaf({8, 4}), fc_b = random_leaf({8});
+  auto proj_w = random_leaf({4, 8}), proj_b = random_leaf({4});
+  EXPECT_GRADCHECK([](const Inputs& v) { return gelu_mlp(v[0], v[1], v[2], v[3], v[4]); },
+                   (Inputs{x, fc_w, fc_b, proj_w, proj_b}));
+  EXPECT_GRADCHECK([](const Inputs& v) { return gelu_mlp(v[0], v[1], Tensor(), v[2], Tensor()); },
+                   (Inputs{x, fc_w, proj_w}));
+  // x is data: only the weights and biases require grad.
+  Tensor data = testing::random_tensor({5, 4});
+  EXPECT_GRADCHECK([data](const Inputs& v) { return gelu_mlp(data, v[0], v[1], v[2], v[3]); },
+                   (Inputs{fc_w, fc_b, proj_w, proj_b}));
+}
+
+TEST(GeluMlp, EqualsTheTwoLinearOps) {
+  Tensor x = testing::random_tensor({2, 5, 6}), fc_w = testing::random_tensor({12, 6}), fc_b = testing::random_tensor({12});
+  Tensor proj_w = testing::random_tensor({6, 12}), proj_b = testing::random_tensor({6});
+  EXPECT_TRUE(testing::all_close(gelu_mlp(x, fc_w, fc_b, proj_w, proj_b),
+                                 linear(linear(x, fc_w, fc_b, Activation::gelu_tanh), proj_w, proj_b), 1e-12, 1e-12));
+}
+
 TEST(Linear, ForwardMatchesMatmulAddGelu) {
   Tensor x = testing::random_tensor({2, 7, 6}), w = testing::random_tensor({5, 6}), b = testing::random_tensor({5});
   Tensor pre = add(matmul(x, t(w)), b);
