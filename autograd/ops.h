@@ -126,8 +126,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // The transformer's MLP as one op: linear(gelu_tanh(linear(x, fc_weight, fc_bias)), proj_weight,
 // proj_bias) for x (..., C), fc_weight (H, C), proj_weight (C', H). The same values as the two
 // linear ops; one node, so that on CUDA GELU's backward runs in the epilogue of the matmul that
-// makes its input gradient (cuBLASLt's DGELU, with fc's bias gradient from DGELU_BGRAD) instead of
-// as a pass of its own.
+// makes its input gradient (cuBLASLt's DGELU) instead of as a pass of its own.
 Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
                 const Tensor& proj_bias);
 

@@ -117,10 +117,8 @@ bool linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
 bool linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight, const Tensor& grad_bias);
 // grad_pre (M, K) = gelu_tanh'(pre (M, K)) * (grad (M, N) @ weight (N, K)): the input gradient of a
 // linear layer whose input was gelu_tanh(pre), GELU's backward in the matmul's DGELU epilogue
-// (K % 8 == 0); grad_pre_bias (K,) = the column sums of grad_pre (the bias gradient of the layer
-// that made pre, DGELU_BGRAD), or undefined.
-bool linear_backward_input_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre, const Tensor& grad_pre,
-                                const Tensor& grad_pre_bias);
+// (K % 8 == 0).
+bool linear_backward_input_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre, const Tensor& grad_pre);
 
 // cuDNN's fused flash attention (core/cuda/cudnn_attention.cpp; where tandem was built without
 // cuDNN's frontend headers, fused_attention_supported says false and the passes throw).

@@ -116,8 +116,7 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
   return grads;
 }
 
-GeluInputGrads linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre,
-                                          bool need_pre_bias) {
+Tensor linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre) {
   const int64_t n = weight.shape()[0], k = weight.shape()[1];
   TANDEM_CHECK_AS(ValueError, grad_out.dim() >= 1 && grad_out.shape().back() == n, "linear_backward_input_gelu: grad_out ",
                   shape_str(grad_out.shape()), " must end in out_features ", n);
@@ -126,20 +125,14 @@ GeluInputGrads linear_backward_input_gelu(const Tensor& grad_out, const Tensor& 
                   shape_str(output_shape(grad_out, k)));
   Tensor g = as_matrix(grad_out);  // (M, N)
   const int64_t m = g.shape()[0];
-  GeluInputGrads grads;
   if (fused_on_cuda(g, k, Activation::gelu_tanh) && m > 0 && n > 0) {
-    Tensor d_pre = empty({m, k}, g.options());                                  // (M, K)
-    Tensor d_bias = need_pre_bias ? empty({k}, g.options()) : Tensor();          // (K,)
-    if (cuda::linear_backward_input_gelu(g, contiguous(weight), as_matrix(pre), d_pre, d_bias)) {
-      grads.pre = views::reshape(d_pre, pre.shape());
-      grads.pre_bias = d_bias;
-      return grads;
+    Tensor d_pre = empty({m, k}, g.options());  // (M, K)
+    if (cuda::linear_backward_input_gelu(g, contiguous(weight), as_matrix(pre), d_pre)) {
+      return views::reshape(d_pre, pre.shape());
     }
   }
   Tensor d_pre = unary_backward(UnaryOp::gelu_tanh, matmul(g, weight), as_matrix(pre));  // (M, N) @ (N, K)
-  grads.pre = views::reshape(d_pre, pre.shape());
-  if (need_pre_bias) grads.pre_bias = reduce(ReduceOp::sum, d_pre, {0}, false);  // (K,)
-  return grads;
+  return views::reshape(d_pre, pre.shape());
 }
 
 }  // namespace tandem::kernels

@@ -28,15 +28,9 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
                             Activation act, bool need_x, bool need_weight, bool need_bias);
 
 // The input gradient of a linear layer whose input was gelu_tanh(pre), for the two-layer GELU MLP:
-// grad_out (..., N), weight (N, K), pre (..., K). Returns d pre (..., K) and, when asked, its
-// column sums (K,) (the bias gradient of the layer that made pre). On CUDA one cuBLASLt matmul with
-// the DGELU(_BGRAD) epilogue; elsewhere matmul, gelu's backward and a sum.
-struct GeluInputGrads {
-  Tensor pre;       // (..., K)
-  Tensor pre_bias;  // (K,), when asked for
-};
-GeluInputGrads linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre,
-                                          bool need_pre_bias);
+// grad_out (..., N), weight (N, K), pre (..., K) -> d pre (..., K). On CUDA one cuBLASLt matmul with
+// the DGELU epilogue; elsewhere matmul and gelu's backward.
+Tensor linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre);
 
 }  // namespace kernels
 }  // namespace tandem

@@ -1,8 +1,8 @@
 // The transformer's two-layer GELU MLP as one differentiable op:
 //   pre = x W_fc^T + b_fc, h = gelu_tanh(pre), y = h W_proj^T + b_proj.
 // Backward, from g = dy: the projection's weight and bias gradients (dW_proj = g^T h, BGRADB on
-// CUDA); then d pre = gelu'(pre) * (g W_proj) with fc's bias gradient in the same matmul (DGELU_BGRAD
-// on CUDA), and fc's input and weight gradients from d pre. Saved: x, pre and h, as the two
+// CUDA); then d pre = gelu'(pre) * (g W_proj) in one matmul (the DGELU epilogue on CUDA), and fc's
+// input, weight and bias gradients from d pre. Saved: x, pre and h, as the two
 // linear ops would keep them.
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
@@ -31,10 +31,11 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
         kernels::LinearGrads proj_grads = kernels::linear_backward(g, h, s_proj_w, Tensor(), Activation::none,
                                                                    /*need_x=*/false, need_proj_w, need_proj_b);
         if (!need_pre) return {Tensor(), Tensor(), Tensor(), proj_grads.weight, proj_grads.bias};
-        kernels::GeluInputGrads d = kernels::linear_backward_input_gelu(g, s_proj_w, pre, need_fc_b);  // (..., H)
-        kernels::LinearGrads fc_grads = kernels::linear_backward(d.pre, sx, s_fc_w, Tensor(), Activation::none, need_x,
-                                                                 need_fc_w, /*need_bias=*/false);
-        return {fc_grads.x, fc_grads.weight, d.pre_bias, proj_grads.weight, proj_grads.bias};
+        Tensor d_pre = kernels::linear_backward_input_gelu(g, s_proj_w, pre);  // (..., H)
+        // fc's bias gradient comes out of its weight gradient's matmul (BGRADB) on CUDA.
+        kernels::LinearGrads fc_grads =
+            kernels::linear_backward(d_pre, sx, s_fc_w, Tensor(), Activation::none, need_x, need_fc_w, need_fc_b);
+        return {fc_grads.x, fc_grads.weight, fc_grads.bias, proj_grads.weight, proj_grads.bias};
       });
 }
 

@@ -124,7 +124,7 @@ bool linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, 
 bool linear_backward_weight(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   no_cuda("linear_backward_weight");
 }
-bool linear_backward_input_gelu(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+bool linear_backward_input_gelu(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   no_cuda("linear_backward_input_gelu");
 }
 bool fused_attention_supported(const Tensor&, const Tensor&, const Tensor&) { return false; }

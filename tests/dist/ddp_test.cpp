@@ -345,7 +345,9 @@ TEST(Ddp, Bf16CommunicationAveragesInBf16AndKeepsF32Gradients) {
   Tensor x = to(dist::testing::rank_input(seed, w.rank, {4, 64}, DType::f32), test_device());
   sum(ddp(x)).backward();
   EXPECT_EQ(model->weight.grad().dtype(), DType::f32);
-  EXPECT_EQ(ddp.stats().bytes, (64 * 8 + 8) * 2);
+  // One bucket: the weight's 512 elements, then the bias's 8 in a slot of its own, rounded up to
+  // DDP's 256-byte slot boundary (64 f32 elements): 576 elements, in bf16 on the wire.
+  EXPECT_EQ(ddp.stats().bytes, (64 * 8 + 64) * 2);
   // Expected: each rank's gradient (the column sums of its x) rounded to bf16, averaged.
   std::vector<double> expected(8 * 64, 0.0);
   for (int r = 0; r < 2; ++r) {
