@@ -28,8 +28,8 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
                             Activation act, bool need_x, bool need_weight, bool need_bias);
 
 // The input gradient of a linear layer whose input was gelu_tanh(pre), for the two-layer GELU MLP:
-// grad_out (..., N), weight (N, K), pre (..., K) -> d pre (..., K). On CUDA one cuBLASLt matmul with
-// the DGELU epilogue; elsewhere matmul and gelu's backward.
+// grad_out (..., N), weight (N, K), pre (..., K) -> d pre (..., K). On CUDA in bf16 and f16 one
+// cuBLASLt matmul with the DGELU epilogue; elsewhere (f32 too) matmul and gelu's backward.
 Tensor linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre);
 
 }  // namespace kernels

@@ -9,7 +9,8 @@
 //   sum_m g[m, n] is a reduction of cuBLASLt's B over k into D's columns (N): BGRADB.
 // - input gradient through GELU, d_pre (M, K) = gelu'(pre) * (g (M, N) @ W (N, K)): cuBLASLt
 //   computes d_pre^T (K, M) = W as stored (K, N) @ g as stored (N, M), and the DGELU epilogue
-//   reads pre (M, K) row-major as the aux (K, M) with leading dimension K. DGELU_BGRAD, which
+//   reads pre (M, K) row-major as the aux (K, M) with leading dimension K (bf16 and f16 only:
+//   see core/linear.cpp). DGELU_BGRAD, which
 //   also sums d_pre into the bias gradient of the layer that made pre, made GPT-2's bf16 step 6%
 //   slower on an H200 and its f32 bias gradients less exact than PyTorch's: that bias gradient
 //   comes from the layer's own weight-gradient matmul (BGRADB) instead.
