@@ -367,7 +367,9 @@ void DistributedDataParallel::attach_gradient_views(bool zero) {
   if (gradients_in_place_) return;
   for (auto& b : buckets_) {
     if (!b->buffer.defined()) {
-      allocate(*b);
+      // Stage 2 allocates a released bucket when its first gradient arrives (on_gradient), so no
+      // bucket holds memory through the forward pass, where activations peak.
+      if (options_.zero_stage != 2) allocate(*b);
       continue;
     }
     bool none = true;  // no parameter of the bucket has a gradient (zero_grad(set_to_none))
@@ -507,6 +509,7 @@ void DistributedDataParallel::finish_backward() {
     --b.pending;
     // An unused parameter's gradient is zero, as in a bucket zeroed before backward.
     const size_t k = std::find(b.params.begin(), b.params.end(), static_cast<int64_t>(i)) - b.params.begin();
+    if (!gradients_in_place_) allocate(b);  // stage 2: a bucket none of whose parameters got a gradient
     if (gradients_in_place_) {
       if (!params_[i].grad().defined()) params_[i].set_grad(zeros(params_[i].shape(), params_[i].options()));
     } else if (b.stale) {
@@ -650,6 +653,13 @@ Tensor DistributedDataParallel::gradient_shard(size_t bucket) const {
   if (b.shard.defined()) return b.shard;
   TANDEM_CHECK_AS(ValueError, options_.zero_stage == 1, "DistributedDataParallel: gradient shards need zero_stage 1 or 2");
   return views::narrow(b.buffer, 0, block_start(b), b.shard_counts[group_->rank()]);
+}
+
+int64_t DistributedDataParallel::bucket_bytes_held() const {
+  if (gradients_in_place_) return 0;  // the buckets are views of one placeholder that holds nothing
+  int64_t bytes = 0;
+  for (const auto& b : buckets_) bytes += b->buffer.defined() ? static_cast<int64_t>(b->buffer.nbytes()) : 0;
+  return bytes;
 }
 
 int64_t DistributedDataParallel::bucket_flat_offset(size_t bucket) const {

@@ -127,6 +127,9 @@ class DistributedDataParallel {
   // While `timeline` records (dist/timeline.h), each bucket's all-reduce and the compute stream's
   // wait for them at the end of backward go into it. nullptr (the default) turns this off.
   void set_timeline(Timeline* timeline) { timeline_ = timeline; }
+  // Bytes the gradient buckets hold now. Stage 0 and 1 hold every bucket all the time; stage 2
+  // holds a bucket from its first gradient in backward until its reduce-scatter is done.
+  int64_t bucket_bytes_held() const;
   // The bucket plan: parameter indices (registration order) per bucket, in launch order.
   std::vector<std::vector<int64_t>> bucket_plan() const;
 

@@ -512,6 +512,29 @@ TEST(Zero, EachRankOwnsOneContiguousEqualShardOfTheFlatParameterSpace) {
   }
 }
 
+// Stage 2 holds no gradient bucket through the forward pass (where activations peak): a bucket
+// lives from its first gradient in backward to its reduce-scatter. Stages 0 and 1 keep them all.
+TEST(Zero, Stage2HoldsNoBucketThroughTheForwardPass) {
+  if (dist::world().size < 2) GTEST_SKIP() << "a world of one keeps no buckets at all";
+  manual_seed(7);
+  for (int stage : {1, 2}) {
+    ShardedMlp sharded(stage);
+    DistributedDataParallel& ddp = *sharded.ddp;
+    int64_t all = 0;
+    for (size_t b = 0; b < ddp.bucket_plan().size(); ++b) {
+      all += ddp.bucket_numel(b) * static_cast<int64_t>(sizeof(float));
+    }
+    for (int64_t step = 0; step < 3; ++step) {
+      auto [x, y] = image_workload("mlp").batch(step, dist::world().rank);
+      Tensor out = ddp(to(x, test_device()));
+      EXPECT_EQ(ddp.bucket_bytes_held(), step == 0 || stage == 1 ? all : 0) << "stage " << stage << ", step " << step;
+      classification_loss(out, to(y, test_device())).backward();
+      sharded.zero->step();
+      sharded.zero->zero_grad();
+    }
+  }
+}
+
 // Runs `f`, expecting a ValueError whose message contains `text`.
 void expect_value_error(const std::function<void()>& f, const std::string& text) {
   try {
