@@ -12,6 +12,7 @@
 #include "tandem/core/kernels.h"
 #include "tandem/core/views.h"
 #include "tandem/dist/bucket_plan.h"
+#include "tandem/dist/internal.h"
 #include "tandem/dist/parameter_check.h"
 #include "tandem/dist/timeline.h"
 #include "tandem/optim/optimizer.h"
@@ -324,9 +325,7 @@ void DistributedDataParallel::lay_out_shards() {
 }
 
 int64_t DistributedDataParallel::block_start(const Bucket& b) const {
-  int64_t start = 0;
-  for (int r = 0; r < group_->rank(); ++r) start += b.shard_counts[r];
-  return start;
+  return internal::block_offsets(b.shard_counts)[group_->rank()];
 }
 
 Tensor DistributedDataParallel::my_block(const Tensor& shard, const Bucket& b) const {
@@ -478,8 +477,8 @@ void DistributedDataParallel::launch(Bucket& b) {
   if (scatter) {
     b.work = group_->reduce_scatter_v(b.shard, b.comm, b.shard_counts, ReduceOp::avg, label);
     // This rank keeps only its shard: the Work holds the full bucket until the collective is done,
-    // then it goes back to the allocator. The next forward makes a new one. (In a world of one the
-    // shard is the bucket, which stays.)
+    // then it goes back to the allocator. The bucket's first gradient of the next backward makes
+    // a new one. (In a world of one the shard is the bucket, which stays.)
     if (!gradients_in_place_) {  // else finish_backward drops them, after ZeRO took them
       for (int64_t i : b.params) params_[i].set_grad(Tensor());
     }

@@ -8,6 +8,7 @@
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/kernels.h"
 #include "tandem/core/views.h"
+#include "tandem/dist/internal.h"
 #include "tandem/dist/timeline.h"
 #include "tandem/optim/clip.h"
 
@@ -83,9 +84,7 @@ void ZeroRedundancyOptimizer::make_flat_parameters() {
     }
     flat_params_.push_back(flat);
     shard_counts_.push_back(ddp_.bucket_shard_counts(b));
-    int64_t begin = 0;  // this rank's block follows the lower ranks' blocks in the bucket
-    for (int64_t r = 0; r < rank; ++r) begin += shard_counts_.back()[r];
-    block_begin_.push_back(begin);
+    block_begin_.push_back(internal::block_offsets(shard_counts_.back())[rank]);  // after the lower ranks' blocks
   }
   gathers_.resize(plan.size());
 }
