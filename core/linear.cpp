@@ -125,9 +125,8 @@ Tensor linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, 
                   shape_str(output_shape(grad_out, k)));
   Tensor g = as_matrix(grad_out);  // (M, N)
   const int64_t m = g.shape()[0];
-  // 16-bit only: in f32, DGELU's derivative is less exact than the composed one (GPT-2's strict
-  // f32 parity with PyTorch failed on c_fc's bias, 6.7e-3 against rtol 1e-4) and the TF32 step
-  // was 3% slower (H200, 2026-11-24); in bf16 the step was 0.5% faster.
+  // 16-bit only: with DGELU in f32 GPT-2's TF32 step was 3% slower, in bf16 0.5% faster (one
+  // H200, 2026-11-24).
   const bool half = g.dtype() == DType::bf16 || g.dtype() == DType::f16;
   if (half && fused_on_cuda(g, k, Activation::gelu_tanh) && m > 0 && n > 0) {
     Tensor d_pre = empty({m, k}, g.options());  // (M, K)
