@@ -3,6 +3,7 @@
 // requires grad, records its backward (autograd/ops/*.cpp keep the two side by side).
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "tandem/core/kernels.h"
@@ -169,6 +170,11 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
 // shifts by weight and bias (shaped normalized_shape; either may be undefined).
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps = 1e-5);
+// The residual stream's add and the layer norm after it, as a transformer block has them:
+// returns {x + residual, layer_norm(x + residual)}, the same values as add and layer_norm. On
+// CUDA one kernel reads x and residual once and writes both (one add kernel fewer per layer norm).
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                         const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 // Rows of weight (V, D) picked by integer indices of any shape: result (..., D).
 Tensor embedding(const Tensor& indices, const Tensor& weight);
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training;

@@ -106,6 +106,12 @@ void copy_device_to_device(void* dst, int dst_device, const void* src, int src_d
 void* pinned_allocate(size_t nbytes);
 void pinned_free(void* ptr);
 
+// Layer norm of x + residual (core/cuda/layer_norm.cu): one kernel writes sum = x + residual
+// (rounded to the dtype, as the add kernel would) and out = layer_norm(sum). x, residual, sum, out
+// (rows, D) contiguous; the rest as layer_norm_forward.
+void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                            const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd, double eps);
+
 // cuBLASLt matmuls with epilogues (core/cuda/linear.cpp), all operands contiguous, in one dtype.
 // Each returns false, having written nothing, when cuBLASLt offers no algorithm for the problem
 // (the caller then composes the result from plain kernels).

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/elementwise.h"
 #include "tandem/core/kernel_checks.h"
 #include "tandem/core/layer_norm.h"
 #include "tandem/core/views.h"
@@ -52,6 +53,35 @@ LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const
   }
   result.out = views::reshape(result.out, x.shape());
   return result;
+}
+
+AddLayerNormForward add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                           const Tensor& bias, double eps) {
+  TANDEM_CHECK_AS(ValueError, x.shape() == residual.shape(), "add_layer_norm: x ", shape_str(x.shape()),
+                  " and residual ", shape_str(residual.shape()), " must have one shape");
+  TANDEM_CHECK_AS(TypeError, x.dtype() == residual.dtype(), "add_layer_norm: x is ", x.dtype(), " but residual is ",
+                  residual.dtype());
+  TANDEM_CHECK_AS(DeviceError, x.device() == residual.device(), "add_layer_norm: x is on ", x.device(),
+                  " but residual is on ", residual.device());
+  if (!x.device().is_cuda() || x.numel() == 0) {
+    Tensor sum = binary(BinaryOp::add, x, residual);
+    return {sum, layer_norm_forward(sum, weight, bias, eps)};
+  }
+  TANDEM_CHECK_AS(TypeError, is_floating(x.dtype()),
+                  "add_layer_norm: expected a floating-point input (f32, f64, f16, bf16), got ", x.dtype());
+  TANDEM_CHECK_AS(ValueError, x.dim() >= 1, "add_layer_norm: input must have at least 1 dim, got a 0-dim tensor");
+  TANDEM_CHECK_AS(ValueError, eps >= 0.0, "add_layer_norm: eps must be >= 0, got ", eps);
+  const int64_t d = x.shape().back();
+  Tensor w = check_parameter("add_layer_norm", "weight", weight, x, d);
+  Tensor b = check_parameter("add_layer_norm", "bias", bias, x, d);
+  Tensor rows = as_rows(x), residual_rows = as_rows(residual);  // (rows, D) each
+  const int64_t n = rows.shape()[0];
+  TensorOptions stats(stats_dtype(x.dtype()), x.device());
+  Tensor sum = empty(rows.shape(), x.options());  // (rows, D)
+  LayerNormForward norm{empty(rows.shape(), x.options()), empty({n}, stats), empty({n}, stats)};
+  cuda::add_layer_norm_forward(rows, residual_rows, w, b, sum, norm.out, norm.mean, norm.rstd, eps);
+  norm.out = views::reshape(norm.out, x.shape());
+  return {views::reshape(sum, x.shape()), norm};
 }
 
 LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,

@@ -15,6 +15,15 @@ struct LayerNormForward {
   Tensor rstd;  // (rows,)
 };
 LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+// The residual stream's add and the layer norm after it: sum = x + residual, then
+// layer_norm(sum). x and residual of one shape, dtype and device. On CUDA one kernel reads x and
+// residual once and writes sum and the normalised rows; elsewhere add, then layer_norm_forward.
+struct AddLayerNormForward {
+  Tensor sum;              // like x
+  LayerNormForward norm;   // of sum
+};
+AddLayerNormForward add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                           const Tensor& bias, double eps);
 struct LayerNormGrads {
   Tensor x;       // like x
   Tensor weight;  // (D,), undefined when weight is

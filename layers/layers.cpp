@@ -72,6 +72,10 @@ LayerNorm::LayerNorm(int64_t normalized_size, double eps, TensorOptions options)
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, normalized_shape, weight, bias, eps); }
 
+std::pair<Tensor, Tensor> LayerNorm::forward_with_residual(const Tensor& x, const Tensor& residual) {
+  return add_layer_norm(x, residual, normalized_shape, weight, bias, eps);
+}
+
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, TensorOptions options) {
   weight = register_parameter("weight", randn({num_embeddings, embedding_dim}, options));
 }

@@ -2,6 +2,7 @@
 // The standard layers, with PyTorch's default initialisations (drawn from the default generator,
 // so manual_seed makes a model reproducible), and the losses as modules.
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "tandem/layers/module.h"
@@ -62,6 +63,8 @@ class LayerNorm : public Module {
   // Over the last dim, of size normalized_size: nn::LayerNorm(64) as in PyTorch.
   explicit LayerNorm(int64_t normalized_size, double eps = 1e-5, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
+  // {x + residual, forward(x + residual)}, the residual add fused into the norm (add_layer_norm).
+  std::pair<Tensor, Tensor> forward_with_residual(const Tensor& x, const Tensor& residual);
   Tensor weight, bias;  // normalized_shape each
   Shape normalized_shape;
   double eps;

@@ -1,6 +1,7 @@
 #include "tandem/models/gpt2.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "tandem/autograd/grad_mode.h"
 #include "tandem/core/random.h"
@@ -64,8 +65,13 @@ GPT2Block::GPT2Block(const GPT2Config& config, TensorOptions options) {
 }
 
 Tensor GPT2Block::forward(const Tensor& x) {
-  Tensor y = add(x, (*attn)((*ln_1)(x)));  // (B, T, C)
-  return add(y, (*mlp)((*ln_2)(y)));       // (B, T, C)
+  auto [y, y_normed] = ln_2->forward_with_residual(x, (*attn)((*ln_1)(x)));  // (B, T, C) each
+  return add(y, (*mlp)(y_normed));                                             // (B, T, C)
+}
+
+std::pair<Tensor, Tensor> GPT2Block::forward_residual(const Tensor& x, const Tensor& x_normed, nn::LayerNorm& next_ln) {
+  auto [y, y_normed] = ln_2->forward_with_residual(x, (*attn)(x_normed));  // (B, T, C) each
+  return next_ln.forward_with_residual(y, (*mlp)(y_normed));                // (B, T, C) each
 }
 
 GPT2::GPT2(const GPT2Config& cfg, TensorOptions options) : config(cfg) {
@@ -89,7 +95,15 @@ Tensor GPT2::forward(const Tensor& idx) {
                   config.block_size);
   Tensor pos = arange(T, TensorOptions(DType::i64, idx.device()));  // (T,)
   Tensor x = add((*wte)(idx), (*wpe)(pos));                          // (B, T, C)
-  x = (*ln_f)(h->forward(x));                                        // (B, T, C)
+  // The residual stream and its normalised copy travel together, so that every residual add runs
+  // inside the layer norm that follows it (the next block's ln_1, or ln_f after the last block).
+  auto block = [&](size_t i) { return std::static_pointer_cast<GPT2Block>((*h)[i]); };
+  Tensor normed = (*block(0)->ln_1)(x);  // (B, T, C)
+  for (size_t i = 0; i < h->size(); ++i) {
+    nn::LayerNorm& next_ln = i + 1 < h->size() ? *block(i + 1)->ln_1 : *ln_f;
+    std::tie(x, normed) = block(i)->forward_residual(x, normed, next_ln);
+  }
+  x = normed;  // ln_f of the residual stream: (B, T, C)
   // The output head is the token embedding: logits = x wte^T, on the transposed view.
   Tensor logits = matmul(reshape(x, {B * T, C}), t(wte->weight));  // (B T, V)
   return view(logits, {B, T, config.vocab_size});                  // (B, T, V)

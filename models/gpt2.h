@@ -54,6 +54,9 @@ class GPT2Block : public nn::Module {
  public:
   GPT2Block(const GPT2Config& config, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+  // The same block inside GPT2::forward: x and ln_1(x) in, {out, next_ln(out)} out, each residual
+  // add fused into the layer norm after it.
+  std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& x_normed, nn::LayerNorm& next_ln);
   std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<GPT2MLP> mlp;

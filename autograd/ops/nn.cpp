@@ -11,26 +11,29 @@ namespace tandem {
 using autograd::record;
 using autograd::saved;
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
-                  double eps) {
+namespace {
+// x's rows of D = prod(normalized_shape) values, (..., D), after checking that the shapes fit.
+Tensor layer_norm_rows(const char* op, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                       const Tensor& bias) {
   int64_t k = static_cast<int64_t>(normalized_shape.size());
-  TANDEM_CHECK_AS(ValueError, k >= 1 && k <= x.dim(), "layer_norm: normalized_shape ", shape_str(normalized_shape),
+  TANDEM_CHECK_AS(ValueError, k >= 1 && k <= x.dim(), op, ": normalized_shape ", shape_str(normalized_shape),
                   " does not fit input ", shape_str(x.shape()));
   Shape tail(x.shape().end() - k, x.shape().end());
-  TANDEM_CHECK_AS(ValueError, tail == normalized_shape, "layer_norm: input ", shape_str(x.shape()),
+  TANDEM_CHECK_AS(ValueError, tail == normalized_shape, op, ": input ", shape_str(x.shape()),
                   " does not end in normalized_shape ", shape_str(normalized_shape));
   for (const Tensor* p : {&weight, &bias}) {
-    TANDEM_CHECK_AS(ValueError, !p->defined() || p->shape() == normalized_shape, "layer_norm: ",
+    TANDEM_CHECK_AS(ValueError, !p->defined() || p->shape() == normalized_shape, op, ": ",
                     p == &weight ? "weight" : "bias", " must have shape normalized_shape ", shape_str(normalized_shape),
                     ", got ", shape_str(p->shape()));
   }
-  // One fused kernel over rows of D = prod(normalized_shape) values.
-  const int64_t d = shape_numel(normalized_shape);
   Shape rows_shape(x.shape().begin(), x.shape().end() - k);
-  rows_shape.push_back(d);
-  Tensor x_rows = views::reshape(x, rows_shape);  // (..., D)
-  kernels::LayerNormForward f = kernels::layer_norm_forward(x_rows, weight, bias, eps);
-  Tensor out = views::reshape(f.out, x.shape());
+  rows_shape.push_back(shape_numel(normalized_shape));
+  return views::reshape(x, rows_shape);  // (..., D)
+}
+
+// Records layer norm's node for `out` = layer_norm(x) from the forward's statistics.
+Tensor record_layer_norm(const Tensor& out, const Tensor& x, const Tensor& x_rows, const Tensor& weight,
+                         const Tensor& bias, const kernels::LayerNormForward& f, const Shape& normalized_shape) {
   const bool with_bias = bias.defined() && bias.requires_grad();
   return record(out, "layer_norm", {x, weight, bias},
                 [sx = saved(x_rows), sw = weight.defined() ? saved(weight) : Tensor(), mean = f.mean, rstd = f.rstd,
@@ -42,6 +45,31 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   Tensor gb = grads.bias.defined() ? views::reshape(grads.bias, normalized_shape) : Tensor();
                   return {gx, gw, gb};
                 });
+}
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  // One fused kernel over rows of D = prod(normalized_shape) values.
+  Tensor x_rows = layer_norm_rows("layer_norm", x, normalized_shape, weight, bias);  // (..., D)
+  kernels::LayerNormForward f = kernels::layer_norm_forward(x_rows, weight, bias, eps);
+  return record_layer_norm(views::reshape(f.out, x.shape()), x, x_rows, weight, bias, f, normalized_shape);
+}
+
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                         const Tensor& weight, const Tensor& bias, double eps) {
+  Tensor x_rows = layer_norm_rows("add_layer_norm", x, normalized_shape, weight, bias);  // (..., D)
+  TANDEM_CHECK_AS(ValueError, residual.shape() == x.shape(), "add_layer_norm: residual ", shape_str(residual.shape()),
+                  " must have the input's shape ", shape_str(x.shape()));
+  kernels::AddLayerNormForward f =
+      kernels::add_layer_norm_forward(x_rows, views::reshape(residual, x_rows.shape()), weight, bias, eps);
+  // Two nodes from one kernel: the add (its gradient goes to both terms unchanged), and the layer
+  // norm of the sum, whose gradient reaches the add's node together with the sum's other uses.
+  Tensor sum = record(views::reshape(f.sum, x.shape()), "add", {x, residual},
+                      [](const Tensor& g) -> std::vector<Tensor> { return {g, g}; });
+  Tensor normed = record_layer_norm(views::reshape(f.norm.out, x.shape()), sum, f.sum, weight, bias, f.norm,
+                                    normalized_shape);
+  return {sum, normed};
 }
 
 Tensor embedding(const Tensor& indices, const Tensor& weight) {

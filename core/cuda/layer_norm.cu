@@ -43,12 +43,14 @@ __device__ __forceinline__ void load_vector(const T* p, int64_t j, stat_t<acc_t<
 
 // Row `row` of x (rows, D), normalised into out; each lane owns vectors lane, lane + 32, ... of V
 // elements. kItems > 0: the row is held in registers (D <= 32 * V * kItems); kItems == 0: it is
-// streamed three times (L1 serves the re-reads).
+// streamed three times (L1 serves the re-reads). With a residual (rows, D), the row normalised
+// is x + residual, rounded to T as the add kernel would, and it is also written to sum.
 template <typename T, int V, int kItems>
 __global__ void __launch_bounds__(kForwardWarps * 32)
-    layer_norm_forward_rows(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                            T* __restrict__ out, stat_t<acc_t<T>>* __restrict__ mean,
-                            stat_t<acc_t<T>>* __restrict__ rstd, int64_t rows, int64_t d, double eps) {
+    layer_norm_forward_rows(const T* __restrict__ x, const T* __restrict__ residual, const T* __restrict__ weight,
+                            const T* __restrict__ bias, T* __restrict__ sum, T* __restrict__ out,
+                            stat_t<acc_t<T>>* __restrict__ mean, stat_t<acc_t<T>>* __restrict__ rstd, int64_t rows,
+                            int64_t d, double eps) {
   using S = stat_t<acc_t<T>>;
   const int lane = threadIdx.x;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kForwardWarps + threadIdx.y;
@@ -57,6 +59,23 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
   T* orow = out + row * d;    // (D,)
   const int64_t vectors = d / V;
   const S inv_d = S(1) / static_cast<S>(d);
+  // The first read of a vector: x's, or x + residual's, written to sum on the way.
+  const T* rr = residual ? residual + row * d : nullptr;  // (D,)
+  T* srow = residual ? sum + row * d : nullptr;           // (D,)
+  auto first_load = [&](int64_t j, S(&v)[V]) {
+    load_vector<T, V>(xr, j, v);
+    if (!rr) return;
+    S r[V];
+    load_vector<T, V>(rr, j, r);
+    Packed<T, V> pack;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      pack.v[k] = cast_to<T>(static_cast<acc_t<T>>(v[k]) + static_cast<acc_t<T>>(r[k]));
+      v[k] = static_cast<S>(to_acc(pack.v[k]));
+    }
+    reinterpret_cast<Packed<T, V>*>(srow)[j] = pack;
+  };
+  const T* again = rr ? srow : xr;  // where the streamed passes re-read the row
 
   S mu = 0, rs = 0;
   auto write = [&](int64_t j, const S(&v)[V]) {
@@ -76,17 +95,17 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
 
   if constexpr (kItems > 0) {
     S v[kItems][V];
-    S sum = 0;
+    S total = 0;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       const int64_t j = lane + 32 * i;
       if (j < vectors) {
-        load_vector<T, V>(xr, j, v[i]);
+        first_load(j, v[i]);
 #pragma unroll
-        for (int k = 0; k < V; ++k) sum += v[i][k];
+        for (int k = 0; k < V; ++k) total += v[i][k];
       }
     }
-    mu = warp_sum(sum) * inv_d;
+    mu = warp_sum(total) * inv_d;
     S squares = 0;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
@@ -103,22 +122,22 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
     }
   } else {
     S v[V];
-    S sum = 0;
+    S total = 0;
     for (int64_t j = lane; j < vectors; j += 32) {
-      load_vector<T, V>(xr, j, v);
+      first_load(j, v);
 #pragma unroll
-      for (int k = 0; k < V; ++k) sum += v[k];
+      for (int k = 0; k < V; ++k) total += v[k];
     }
-    mu = warp_sum(sum) * inv_d;
+    mu = warp_sum(total) * inv_d;
     S squares = 0;
     for (int64_t j = lane; j < vectors; j += 32) {
-      load_vector<T, V>(xr, j, v);
+      load_vector<T, V>(again, j, v);
 #pragma unroll
       for (int k = 0; k < V; ++k) squares += (v[k] - mu) * (v[k] - mu);
     }
     rs = S(1) / sqrt(warp_sum(squares) * inv_d + static_cast<S>(eps));
     for (int64_t j = lane; j < vectors; j += 32) {
-      load_vector<T, V>(xr, j, v);
+      load_vector<T, V>(again, j, v);
       write(j, v);
     }
   }
@@ -344,42 +363,45 @@ int multiprocessors(int device) {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <typename T, int V>
-void launch_forward(const T* x, const T* w, const T* b, T* out, stat_t<acc_t<T>>* mean, stat_t<acc_t<T>>* rstd,
-                    int64_t rows, int64_t d, double eps, cudaStream_t stream) {
+void launch_forward(const T* x, const T* r, const T* w, const T* b, T* sum, T* out, stat_t<acc_t<T>>* mean,
+                    stat_t<acc_t<T>>* rstd, int64_t rows, int64_t d, double eps, cudaStream_t stream) {
   const dim3 block(32, kForwardWarps);
   const unsigned grid = static_cast<unsigned>((rows + kForwardWarps - 1) / kForwardWarps);
   const int64_t per_item = 32 * V;
   if (d <= 4 * per_item) {
-    layer_norm_forward_rows<T, V, 4><<<grid, block, 0, stream>>>(x, w, b, out, mean, rstd, rows, d, eps);
+    layer_norm_forward_rows<T, V, 4><<<grid, block, 0, stream>>>(x, r, w, b, sum, out, mean, rstd, rows, d, eps);
   } else if (d <= 8 * per_item) {
-    layer_norm_forward_rows<T, V, 8><<<grid, block, 0, stream>>>(x, w, b, out, mean, rstd, rows, d, eps);
+    layer_norm_forward_rows<T, V, 8><<<grid, block, 0, stream>>>(x, r, w, b, sum, out, mean, rstd, rows, d, eps);
   } else {
-    layer_norm_forward_rows<T, V, 0><<<grid, block, 0, stream>>>(x, w, b, out, mean, rstd, rows, d, eps);
+    layer_norm_forward_rows<T, V, 0><<<grid, block, 0, stream>>>(x, r, w, b, sum, out, mean, rstd, rows, d, eps);
   }
 }
 
+// residual and sum: both (rows, D), or both undefined.
 template <typename T>
-void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& mean,
-                   const Tensor& rstd, double eps) {
+void forward_typed(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias, const Tensor& sum,
+                   const Tensor& out, const Tensor& mean, const Tensor& rstd, double eps) {
   using S = stat_t<acc_t<T>>;
   const int64_t rows = x.shape()[0], d = x.shape()[1];
-  NvtxRange range("layer_norm");
+  NvtxRange range(residual.defined() ? "add_layer_norm" : "layer_norm");
   DeviceGuard guard(x.device().index);
   cudaStream_t stream = stream_of(x);
-  const T* px = device_ptr<const T>(x);                                    // (rows, D)
-  const T* pw = weight.defined() ? device_ptr<const T>(weight) : nullptr;  // (D,)
-  const T* pb = bias.defined() ? device_ptr<const T>(bias) : nullptr;      // (D,)
-  T* po = device_ptr<T>(out);                                              // (rows, D)
-  S* pm = device_ptr<S>(mean);                                             // (rows,)
-  S* pr = device_ptr<S>(rstd);                                             // (rows,)
+  const T* px = device_ptr<const T>(x);                                            // (rows, D)
+  const T* prr = residual.defined() ? device_ptr<const T>(residual) : nullptr;     // (rows, D)
+  const T* pw = weight.defined() ? device_ptr<const T>(weight) : nullptr;          // (D,)
+  const T* pb = bias.defined() ? device_ptr<const T>(bias) : nullptr;              // (D,)
+  T* ps = sum.defined() ? device_ptr<T>(sum) : nullptr;                            // (rows, D)
+  T* po = device_ptr<T>(out);                                                      // (rows, D)
+  S* pm = device_ptr<S>(mean);                                                     // (rows,)
+  S* pr = device_ptr<S>(rstd);                                                     // (rows,)
   constexpr int V = 16 / sizeof(T);
-  const bool vectorised =
-      d % V == 0 && aligned16(px) && aligned16(po) && (!pw || aligned16(pw)) && (!pb || aligned16(pb));
+  const bool vectorised = d % V == 0 && aligned16(px) && aligned16(po) && (!pw || aligned16(pw)) &&
+                          (!pb || aligned16(pb)) && (!prr || aligned16(prr)) && (!ps || aligned16(ps));
   if (vectorised)
-    launch_forward<T, V>(px, pw, pb, po, pm, pr, rows, d, eps, stream);
+    launch_forward<T, V>(px, prr, pw, pb, ps, po, pm, pr, rows, d, eps, stream);
   else
-    launch_forward<T, 1>(px, pw, pb, po, pm, pr, rows, d, eps, stream);
-  check_launch("layer_norm");
+    launch_forward<T, 1>(px, prr, pw, pb, ps, po, pm, pr, rows, d, eps, stream);
+  check_launch(residual.defined() ? "add_layer_norm" : "layer_norm");
 }
 
 template <typename T>
@@ -461,8 +483,16 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
 
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
                         const Tensor& mean, const Tensor& rstd, double eps) {
-  dispatch_floating(x.dtype(), "layer_norm", "cuda",
-                    [&](auto tag) { forward_typed<device_t<decltype(tag)>>(x, weight, bias, out, mean, rstd, eps); });
+  dispatch_floating(x.dtype(), "layer_norm", "cuda", [&](auto tag) {
+    forward_typed<device_t<decltype(tag)>>(x, Tensor(), weight, bias, Tensor(), out, mean, rstd, eps);
+  });
+}
+
+void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                            const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd, double eps) {
+  dispatch_floating(x.dtype(), "add_layer_norm", "cuda", [&](auto tag) {
+    forward_typed<device_t<decltype(tag)>>(x, residual, weight, bias, sum, out, mean, rstd, eps);
+  });
 }
 
 void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,

@@ -118,6 +118,10 @@ void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tens
                          const Tensor&, const Tensor&) {
   no_cuda("layer_norm_backward");
 }
+void add_layer_norm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                            const Tensor&, const Tensor&, double) {
+  no_cuda("add_layer_norm_forward");
+}
 bool linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Activation) {
   no_cuda("linear_forward");
 }

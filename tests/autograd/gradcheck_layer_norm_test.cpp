@@ -100,3 +100,42 @@ TEST(LayerNorm, BadShapesSayWhatWasExpected) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// add_layer_norm returns the sum and its layer norm; both feed the loss, as in a transformer
+// block, so the sum's gradient is its own plus what comes back through the norm.
+TEST(GradcheckAddLayerNorm, BothOutputsCarryGradients) {
+  using testing::Inputs;
+  auto x = nonzero_leaf({3, 2, 5}), residual = nonzero_leaf({3, 2, 5});
+  auto w = nonzero_leaf({5}), b = nonzero_leaf({5});
+  Tensor a = testing::random_tensor({3, 2, 5}), c = testing::random_tensor({3, 2, 5});
+  EXPECT_GRADCHECK(
+      [a, c](const Inputs& v) {
+        auto [s, n] = add_layer_norm(v[0], v[1], {5}, v[2], v[3], 1e-5);
+        return add(sum(mul(n, a)), sum(mul(s, c)));
+      },
+      (Inputs{x, residual, w, b}));
+  // Without weight and bias, over two normalised dims.
+  EXPECT_GRADCHECK(
+      [a, c](const Inputs& v) {
+        auto [s, n] = add_layer_norm(v[0], v[1], {2, 5}, Tensor(), Tensor(), 1e-5);
+        return add(sum(mul(n, a)), sum(mul(s, c)));
+      },
+      (Inputs{x, residual}));
+}
+
+TEST(AddLayerNorm, EqualsAddThenLayerNorm) {
+  Tensor x = testing::random_tensor({4, 7}), residual = testing::random_tensor({4, 7});
+  Tensor w = testing::random_tensor({7}), b = testing::random_tensor({7});
+  auto [s, n] = add_layer_norm(x, residual, {7}, w, b, 1e-5);
+  Tensor expected_sum = add(x, residual);
+  EXPECT_TRUE(testing::all_close(s, expected_sum, 0.0, 0.0));
+  EXPECT_TRUE(testing::all_close(n, layer_norm(expected_sum, {7}, w, b, 1e-5), 0.0, 0.0));
+  EXPECT_TRUE(testing::throws_with<ValueError>([&] { add_layer_norm(x, testing::random_tensor({4, 6}), {7}, w, b); },
+                                               {"add_layer_norm", "residual", "[4, 6]"}));
+}
+
+}  // namespace
+}  // namespace tandem
