@@ -10,13 +10,12 @@ namespace {
 using ::tandem::testing::all_close;
 using ::tandem::testing::throws_with;
 using testing::all_inputs;
+using testing::device_of;
+using testing::group_of;
 using testing::rank_input;
 using testing::reduce_all;
 using testing::rtol_for;
 using testing::shared_seed;
-
-Device device_of(bool gpu) { return gpu ? world().device : Device(); }
-ProcessGroup& group_of(bool gpu) { return world().group_for(device_of(gpu)); }
 
 // (size,) block sizes drawn from the seed: 1 to 3000 elements, with one rank's block empty where
 // there are several ranks.
@@ -130,7 +129,7 @@ TEST_P(BlockCollectiveErrors, NameWhatDoesNotFit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, BlockCollectiveErrors, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "gpu" : "cpu"; });
+                         [](const ::testing::TestParamInfo<bool>& info) { return testing::device_label(info.param); });
 
 }  // namespace
 }  // namespace tandem::dist

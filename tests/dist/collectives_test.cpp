@@ -13,16 +13,13 @@ namespace {
 using ::tandem::testing::all_close;
 using ::tandem::testing::throws_with;
 using testing::all_inputs;
+using testing::device_label;
+using testing::device_of;
+using testing::group_of;
 using testing::rank_input;
 using testing::reduce_all;
 using testing::rtol_for;
 using testing::shared_seed;
-
-const char* device_label(bool gpu) { return gpu ? "gpu" : "cpu"; }
-
-Device device_of(bool gpu) { return gpu ? world().device : Device(); }
-
-ProcessGroup& group_of(bool gpu) { return world().group_for(device_of(gpu)); }
 
 // A fresh size per case, so that odd counts and several NCCL chunkings come up.
 int64_t size_from(uint64_t seed) { return 1 + static_cast<int64_t>(seed % 5000); }

@@ -14,6 +14,11 @@
 
 namespace tandem::dist::testing {
 
+// The device a test case runs on (this rank's GPU or the CPU), and the group that reduces there.
+inline const char* device_label(bool gpu) { return gpu ? "gpu" : "cpu"; }
+inline Device device_of(bool gpu) { return gpu ? world().device : Device(); }
+inline ProcessGroup& group_of(bool gpu) { return world().group_for(device_of(gpu)); }
+
 // A seed that every rank shares and that is fresh on every call: rank 0 draws it, the cpu group
 // broadcasts it.
 inline uint64_t shared_seed() {
