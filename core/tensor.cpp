@@ -1,5 +1,7 @@
 #include "tandem/core/tensor.h"
 
+#include "tandem/core/cuda_graph.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -93,6 +95,7 @@ std::vector<int64_t> Tensor::to_int64_vector() const {
 }
 
 double Tensor::item_double() const {
+  if (device().is_cuda()) cuda::check_not_capturing("item() on a cuda tensor");
   TANDEM_CHECK_AS(ValueError, numel() == 1, "item(): the tensor has ", numel(), " elements (shape ",
                   shape_str(shape()), "), expected exactly one");
   return to_double_vector()[0];
