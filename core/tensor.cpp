@@ -1,7 +1,5 @@
 #include "tandem/core/tensor.h"
 
-#include "tandem/core/cuda_graph.h"
-
 #include <algorithm>
 #include <cmath>
 
