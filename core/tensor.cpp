@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem {
