@@ -331,7 +331,7 @@ struct AdamWOp {
       op.decay = static_cast<C>(lr_on_device[1]);
     }
     const double step = static_cast<double>(*step_count) + 1.0;
-    op.step_size = static_cast<C>(lr / (1.0 - pow(beta1_d, step)));
+    op.step_size = static_cast<C>(op.lr / (1.0 - pow(beta1_d, step)));
     op.bc2_sqrt = static_cast<C>(sqrt(1.0 - pow(beta2_d, step)));
     return op;
   }
