@@ -37,7 +37,11 @@ Tensor move_to(const Tensor& t, Device device) {
   if (t.device().is_cpu() && device.is_cuda()) {
     Tensor pinned = pin_memory(t);
     Tensor out = kernels::to_device(pinned, device);
-    cuda::synchronize(device.index);
+    // Wait for this copy (and what the stream ran before it) only: a device-wide synchronisation
+    // from this thread would break a CUDA graph capture under way on the training thread.
+    cuda::Event copied;
+    copied.record(device.index);
+    copied.synchronize();
     return out;
   }
   return kernels::to_device(t, device);

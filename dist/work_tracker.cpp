@@ -327,16 +327,21 @@ void TrackedGroup::abort(const std::string& reason) {
 }
 
 void TrackedWorkHandle::synchronize() {
-  cuda::check_not_capturing("waiting on the host for a collective (Work::synchronize)");
-  if (state_->captured) return;  // a node of a graph: the replay's stream orders it
+  if (state_->captured) {  // a node of a graph: after the capture, the replay's stream orders it
+    cuda::check_not_capturing("waiting on the host for a collective (Work::synchronize)");
+    return;
+  }
   std::unique_lock<std::mutex> lock(tracker_->mutex);
+  if (state_->done && !state_->failed) return;
+  cuda::check_not_capturing("waiting on the host for a collective (Work::synchronize)");
   tracker_->wait_for(*state_, lock);
 }
 
 bool TrackedWorkHandle::is_completed() {
-  cuda::check_not_capturing("asking whether a collective completed (Work::is_completed)");
   if (state_->captured) return true;
   std::lock_guard<std::mutex> lock(tracker_->mutex);
+  if (state_->done || state_->failed) return true;
+  cuda::check_not_capturing("asking whether a collective completed (Work::is_completed)");
   if (!state_->done && !state_->failed) tracker_->poll(*state_);
   return state_->done || state_->failed;
 }
