@@ -63,7 +63,9 @@ Tensor BatchNorm2d::forward_relu(const Tensor& x, const Tensor& residual) { retu
 
 Tensor BatchNorm2d::forward_with(const Tensor& x, const Tensor& residual, bool relu) {
   if (is_training()) kernels::add_(num_batches_tracked, ones({}, num_batches_tracked.options()));
-  if (!residual.defined() && !relu) return batch_norm(x, weight, bias, running_mean, running_var, is_training(), momentum, eps);
+  if (!residual.defined() && !relu) {
+    return batch_norm(x, weight, bias, running_mean, running_var, is_training(), momentum, eps);
+  }
   return batch_norm_act(x, weight, bias, running_mean, running_var, is_training(), momentum, eps, residual, relu);
 }
 

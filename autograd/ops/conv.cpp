@@ -84,8 +84,8 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
 namespace {
 // Batch norm's backward in evaluation, an affine map per channel: gx = g * weight * invstd,
 // gw = sum(g * xhat), gb = sum(g), from statistics copied at the forward (mean, invstd (C,)).
-std::vector<Tensor> batch_norm_eval_backward(const Tensor& g, const Tensor& x, const Tensor& weight,
-                                             const Tensor& mean, const Tensor& invstd, bool need_w) {
+std::vector<Tensor> batch_norm_eval_backward(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                             const Tensor& invstd, bool need_w) {
   // Per-channel tensors are f32 for 16-bit inputs: compute in their dtype.
   Tensor gs = kernels::to_dtype(g, invstd.dtype());               // (N, C, H, W)
   Tensor scale = kernels::binary(BinaryOp::mul, weight, invstd);  // (C,)

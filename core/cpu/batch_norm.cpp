@@ -64,15 +64,15 @@ void forward_training_typed(const Tensor& x, const Tensor& weight, const Tensor&
   using S = stats_t<T>;
   const ChannelLayout l = layout_of(x);
   const double m = static_cast<double>(l.n * l.hw);
-  const T* px = x.data<T>();                   // (N, C, H, W), NCHW or NHWC memory
-  const T* pr = data_or_null<T>(residual);     // like x, or null
-  T* po = out.data<T>();                       // like x
-  const S* pw = weight.data<S>();              // (C,)
-  const S* pb = bias.data<S>();                // (C,)
-  S* prm = running_mean.data<S>();             // (C,)
-  S* prv = running_var.data<S>();              // (C,)
-  S* psm = save_mean.data<S>();                // (C,)
-  S* psi = save_invstd.data<S>();              // (C,)
+  const T* px = x.data<T>();                // (N, C, H, W), NCHW or NHWC memory
+  const T* pr = data_or_null<T>(residual);  // like x, or null
+  T* po = out.data<T>();                    // like x
+  const S* pw = weight.data<S>();           // (C,)
+  const S* pb = bias.data<S>();             // (C,)
+  S* prm = running_mean.data<S>();          // (C,)
+  S* prv = running_var.data<S>();           // (C,)
+  S* psm = save_mean.data<S>();             // (C,)
+  S* psi = save_invstd.data<S>();           // (C,)
   parallel_for(l.c, 3 * l.n * l.hw, [&](int64_t ch) {
     double sum = 0.0;
     for_channel(px, l, ch, [&](double v, int64_t) { sum += v; });
@@ -98,13 +98,13 @@ void forward_inference_typed(const Tensor& x, const Tensor& weight, const Tensor
                              double eps) {
   using S = stats_t<T>;
   const ChannelLayout l = layout_of(x);
-  const T* px = x.data<T>();               // (N, C, H, W), NCHW or NHWC memory
-  const T* pr = data_or_null<T>(residual); // like x, or null
-  T* po = out.data<T>();                   // like x
-  const S* pw = weight.data<S>();          // (C,)
-  const S* pb = bias.data<S>();            // (C,)
-  const S* prm = running_mean.data<S>();   // (C,)
-  const S* prv = running_var.data<S>();    // (C,)
+  const T* px = x.data<T>();                // (N, C, H, W), NCHW or NHWC memory
+  const T* pr = data_or_null<T>(residual);  // like x, or null
+  T* po = out.data<T>();                    // like x
+  const S* pw = weight.data<S>();           // (C,)
+  const S* pb = bias.data<S>();             // (C,)
+  const S* prm = running_mean.data<S>();    // (C,)
+  const S* prv = running_var.data<S>();     // (C,)
   parallel_for(l.c, l.n * l.hw, [&](int64_t ch) {
     const double mean = static_cast<double>(prm[ch]);
     const double scale = static_cast<double>(pw[ch]) / std::sqrt(static_cast<double>(prv[ch]) + eps);
@@ -116,22 +116,22 @@ void forward_inference_typed(const Tensor& x, const Tensor& weight, const Tensor
 
 template <typename T>
 void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                    const Tensor& save_invstd, const Tensor& relu_out, const Tensor& grad_x,
-                    const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_residual) {
+                    const Tensor& save_invstd, const Tensor& relu_out, const Tensor& grad_x, const Tensor& grad_weight,
+                    const Tensor& grad_bias, const Tensor& grad_residual) {
   using S = stats_t<T>;
   using C = compute_t<T>;
   const ChannelLayout l = layout_of(x);
   const double m = static_cast<double>(l.n * l.hw);
-  const T* pg = grad_out.data<T>();            // (N, C, H, W), NCHW or NHWC memory
-  const T* px = x.data<T>();                   // like grad_out
-  const T* py = data_or_null<T>(relu_out);     // like grad_out, or null
-  T* pgx = grad_x.data<T>();                   // like grad_out
+  const T* pg = grad_out.data<T>();                                      // (N, C, H, W), NCHW or NHWC memory
+  const T* px = x.data<T>();                                             // like grad_out
+  const T* py = data_or_null<T>(relu_out);                               // like grad_out, or null
+  T* pgx = grad_x.data<T>();                                             // like grad_out
   T* pgr = grad_residual.defined() ? grad_residual.data<T>() : nullptr;  // like grad_out, or null
-  const S* pw = weight.data<S>();              // (C,)
-  const S* psm = save_mean.data<S>();          // (C,)
-  const S* psi = save_invstd.data<S>();        // (C,)
-  S* pgw = grad_weight.data<S>();              // (C,)
-  S* pgb = grad_bias.data<S>();                // (C,)
+  const S* pw = weight.data<S>();                                        // (C,)
+  const S* psm = save_mean.data<S>();                                    // (C,)
+  const S* psi = save_invstd.data<S>();                                  // (C,)
+  S* pgw = grad_weight.data<S>();                                        // (C,)
+  S* pgb = grad_bias.data<S>();                                          // (C,)
   // ReLU's backward from its output: y > 0 exactly where its input was.
   auto grad_at = [pg, py](int64_t i) {
     if (py && !(static_cast<C>(py[i]) > C(0))) return 0.0;
@@ -180,8 +180,8 @@ void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
                          const Tensor& save_invstd, const Tensor& relu_out, const Tensor& grad_x,
                          const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_residual) {
   dispatch_floating(x.dtype(), "batch_norm_backward", "cpu", [&](auto tag) {
-    backward_typed<decltype(tag)>(grad_out, x, weight, save_mean, save_invstd, relu_out, grad_x, grad_weight,
-                                  grad_bias, grad_residual);
+    backward_typed<decltype(tag)>(grad_out, x, weight, save_mean, save_invstd, relu_out, grad_x, grad_weight, grad_bias,
+                                  grad_residual);
   });
 }
 

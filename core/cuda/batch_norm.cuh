@@ -114,8 +114,8 @@ namespace tandem::cuda {
 // not NCHW-contiguous; arguments as the backend's batch_norm functions, layouts already checked.
 void batch_norm_nhwc_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                       const Tensor& running_mean, const Tensor& running_var, const Tensor& residual,
-                                      bool relu, const Tensor& out, const Tensor& save_mean,
-                                      const Tensor& save_invstd, double momentum, double eps);
+                                      bool relu, const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd,
+                                      double momentum, double eps);
 void batch_norm_nhwc_forward_inference(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                        const Tensor& running_mean, const Tensor& running_var, const Tensor& residual,
                                        bool relu, const Tensor& out, double eps);

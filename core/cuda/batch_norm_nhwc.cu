@@ -156,11 +156,10 @@ __device__ void add_partials(const S* __restrict__ partial, int64_t splits, int6
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kFinishX * kFinishY)
+__global__ void __launch_bounds__(kFinishX* kFinishY)
     nhwc_finalize_stats(const T* __restrict__ x, const stat_t<acc_t<T>>* __restrict__ partial, int64_t splits,
                         int64_t channels, int64_t m, double momentum, double eps, stat_t<acc_t<T>>* running_mean,
-                        stat_t<acc_t<T>>* running_var, stat_t<acc_t<T>>* save_mean,
-                        stat_t<acc_t<T>>* save_invstd) {
+                        stat_t<acc_t<T>>* running_var, stat_t<acc_t<T>>* save_mean, stat_t<acc_t<T>>* save_invstd) {
   using S = stat_t<acc_t<T>>;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinishX + threadIdx.x;
   S sum, sum_sq;
@@ -172,7 +171,7 @@ __global__ void __launch_bounds__(kFinishX * kFinishY)
 
 // grad_bias = sum(dy), grad_weight = sum(dy * xhat).
 template <typename S>
-__global__ void __launch_bounds__(kFinishX * kFinishY)
+__global__ void __launch_bounds__(kFinishX* kFinishY)
     nhwc_finalize_grads(const S* __restrict__ partial, int64_t splits, int64_t channels, const S* __restrict__ invstd,
                         S* __restrict__ grad_weight, S* __restrict__ grad_bias) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinishX + threadIdx.x;
@@ -208,8 +207,8 @@ __global__ void __launch_bounds__(kThreads)
     Packed<T, V> o;
 #pragma unroll
     for (int k = 0; k < V; ++k)
-      o.v[k] = finish_output<T>(static_cast<S>(to_acc(v.v[k])) * scale[k] + shift[k], res.v[k], residual != nullptr,
-                                relu);
+      o.v[k] =
+          finish_output<T>(static_cast<S>(to_acc(v.v[k])) * scale[k] + shift[k], res.v[k], residual != nullptr, relu);
     store_packed<T, V>(out, packet, o);
   }
 }
@@ -285,10 +284,9 @@ void forward_training_launch(const Tensor& x, const Tensor& weight, const Tensor
   const Tiling t = tiling(channels, V);
   const Splits s = split_rows(rows, t, device);
   Tensor partial = empty({s.count, channels, 2}, TensorOptions(save_mean.dtype(), x.device()));  // (splits, C, 2)
-  nhwc_partial_sums<T, V, false><<<dim3(static_cast<unsigned>(s.count), static_cast<unsigned>(t.channel_tiles)),
-                                   dim3(t.tx, t.ty), 0, stream>>>(device_ptr<const T>(x), nullptr, nullptr, nullptr,
-                                                                  device_ptr<S>(partial), rows, channels,
-                                                                  s.rows_per_split);
+  nhwc_partial_sums<T, V, false>
+      <<<dim3(static_cast<unsigned>(s.count), static_cast<unsigned>(t.channel_tiles)), dim3(t.tx, t.ty), 0, stream>>>(
+          device_ptr<const T>(x), nullptr, nullptr, nullptr, device_ptr<S>(partial), rows, channels, s.rows_per_split);
   nhwc_finalize_stats<T><<<finish_blocks(channels), dim3(kFinishX, kFinishY), 0, stream>>>(
       device_ptr<const T>(x), device_ptr<const S>(partial), s.count, channels, rows, momentum, eps,
       device_ptr<S>(running_mean), device_ptr<S>(running_var), device_ptr<S>(save_mean), device_ptr<S>(save_invstd));
@@ -315,8 +313,8 @@ void forward_inference_launch(const Tensor& x, const Tensor& weight, const Tenso
 
 template <typename T, int V>
 void backward_launch(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                     const Tensor& save_invstd, const Tensor& relu_out, const Tensor& grad_x,
-                     const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_residual) {
+                     const Tensor& save_invstd, const Tensor& relu_out, const Tensor& grad_x, const Tensor& grad_weight,
+                     const Tensor& grad_bias, const Tensor& grad_residual) {
   using S = stat_t<acc_t<T>>;
   const int device = x.device().index;
   cudaStream_t stream = stream_of(x);
@@ -324,10 +322,10 @@ void backward_launch(const Tensor& grad_out, const Tensor& x, const Tensor& weig
   const Tiling t = tiling(channels, V);
   const Splits s = split_rows(rows, t, device);
   Tensor partial = empty({s.count, channels, 2}, TensorOptions(save_mean.dtype(), x.device()));  // (splits, C, 2)
-  nhwc_partial_sums<T, V, true><<<dim3(static_cast<unsigned>(s.count), static_cast<unsigned>(t.channel_tiles)),
-                                  dim3(t.tx, t.ty), 0, stream>>>(
-      device_ptr<const T>(x), device_ptr<const T>(grad_out), ptr_or_null<T>(relu_out), device_ptr<const S>(save_mean),
-      device_ptr<S>(partial), rows, channels, s.rows_per_split);
+  nhwc_partial_sums<T, V, true>
+      <<<dim3(static_cast<unsigned>(s.count), static_cast<unsigned>(t.channel_tiles)), dim3(t.tx, t.ty), 0, stream>>>(
+          device_ptr<const T>(x), device_ptr<const T>(grad_out), ptr_or_null<T>(relu_out),
+          device_ptr<const S>(save_mean), device_ptr<S>(partial), rows, channels, s.rows_per_split);
   nhwc_finalize_grads<S><<<finish_blocks(channels), dim3(kFinishX, kFinishY), 0, stream>>>(
       device_ptr<const S>(partial), s.count, channels, device_ptr<const S>(save_invstd), device_ptr<S>(grad_weight),
       device_ptr<S>(grad_bias));
@@ -344,16 +342,18 @@ const void* data_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : 
 // every pointer allow 16-byte packets, else V = 1.
 template <typename T, typename Launch>
 void with_packet(int64_t channels, std::initializer_list<const void*> pointers, Launch&& launch) {
-  if (vectorisable<T>(channels, pointers)) launch(std::integral_constant<int, 16 / sizeof(T)>());
-  else launch(std::integral_constant<int, 1>());
+  if (vectorisable<T>(channels, pointers))
+    launch(std::integral_constant<int, 16 / sizeof(T)>());
+  else
+    launch(std::integral_constant<int, 1>());
 }
 
 }  // namespace
 
 void batch_norm_nhwc_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                       const Tensor& running_mean, const Tensor& running_var, const Tensor& residual,
-                                      bool relu, const Tensor& out, const Tensor& save_mean,
-                                      const Tensor& save_invstd, double momentum, double eps) {
+                                      bool relu, const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd,
+                                      double momentum, double eps) {
   NvtxRange range("batch_norm_nhwc");
   DeviceGuard guard(x.device().index);
   dispatch_floating(x.dtype(), "batch_norm", "cuda", [&](auto tag) {
@@ -388,13 +388,13 @@ void batch_norm_nhwc_backward(const Tensor& grad_out, const Tensor& x, const Ten
   DeviceGuard guard(x.device().index);
   dispatch_floating(x.dtype(), "batch_norm_backward", "cuda", [&](auto tag) {
     using T = device_t<decltype(tag)>;
-    with_packet<T>(x.shape()[1],
-                   {grad_out.data_ptr(), x.data_ptr(), grad_x.data_ptr(), data_or_null(relu_out),
-                    data_or_null(grad_residual)},
-                   [&](auto v) {
-                     backward_launch<T, decltype(v)::value>(grad_out, x, weight, save_mean, save_invstd, relu_out,
-                                                            grad_x, grad_weight, grad_bias, grad_residual);
-                   });
+    with_packet<T>(
+        x.shape()[1],
+        {grad_out.data_ptr(), x.data_ptr(), grad_x.data_ptr(), data_or_null(relu_out), data_or_null(grad_residual)},
+        [&](auto v) {
+          backward_launch<T, decltype(v)::value>(grad_out, x, weight, save_mean, save_invstd, relu_out, grad_x,
+                                                 grad_weight, grad_bias, grad_residual);
+        });
   });
   check_launch("batch_norm_nhwc_backward");
 }
