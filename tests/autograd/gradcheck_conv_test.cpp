@@ -144,8 +144,8 @@ TEST(GradcheckConv, BatchNormActFusedResidualAndRelu) {
   for (bool training : {true, false}) {
     for (bool with_residual : {false, true}) {
       for (bool relu : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "training=" << training << " residual=" << with_residual
-                                          << " relu=" << relu);
+        SCOPED_TRACE(::testing::Message()
+                     << "training=" << training << " residual=" << with_residual << " relu=" << relu);
         auto x = random_leaf({3, 2, 3, 2}), w = random_leaf({2}), b = random_leaf({2}), r = random_leaf({3, 2, 3, 2});
         BatchNormState s = fresh_running_stats(2);
         Inputs inputs{x, w, b};
@@ -189,9 +189,9 @@ TEST(GradcheckConv, BatchNormActEqualsSeparateOps) {
   for (const Tensor& t : fused_in) plain_in.push_back(t.detach().requires_grad_());
   Tensor fused = batch_norm_act(x, w, b, s1.running_mean, s1.running_var, true, 0.1, 1e-5, r, true);
   sum(mul(fused, direction)).backward();
-  Tensor plain = relu(add(batch_norm(plain_in[0], plain_in[1], plain_in[2], s2.running_mean, s2.running_var, true,
-                                     0.1, 1e-5),
-                          plain_in[3]));
+  Tensor plain =
+      relu(add(batch_norm(plain_in[0], plain_in[1], plain_in[2], s2.running_mean, s2.running_var, true, 0.1, 1e-5),
+               plain_in[3]));
   sum(mul(plain, direction)).backward();
   EXPECT_TRUE(testing::all_close(fused, plain, 0.0, 0.0));
   for (size_t i = 0; i < fused_in.size(); ++i) {
