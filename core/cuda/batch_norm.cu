@@ -109,14 +109,7 @@ __global__ void __launch_bounds__(kThreads)
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t c = (i / per_plane) % p.channels;
     const S scale = invstd[c] * weight[c], shift = bias[c] - mean[c] * scale;
-    const Packed<T, V> v = load_packed<T, V>(x, i);
-    Packed<T, V> r{};
-    if (residual) r = load_packed<T, V>(residual, i);
-    Packed<T, V> o;
-#pragma unroll
-    for (int k = 0; k < V; ++k)
-      o.v[k] = finish_output<T>(static_cast<S>(to_acc(v.v[k])) * scale + shift, r.v[k], residual != nullptr, relu);
-    store_packed<T, V>(out, i, o);
+    apply_packet<T, V>(x, residual, relu, out, i, [&](int) { return std::pair<S, S>(scale, shift); });
   }
 }
 
@@ -187,20 +180,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t c = (i / per_plane) % p.channels;
     const BackwardCoefficients<S> b =
         backward_coefficients<S>(weight[c], invstd[c], mean[c], grad_weight[c], grad_bias[c], m);
-    const Packed<T, V> g = load_packed<T, V>(grad_out, i);
-    const Packed<T, V> v = load_packed<T, V>(x, i);
-    Packed<T, V> out{};
-    if (y) out = load_packed<T, V>(y, i);
-    Packed<T, V> o, gr;
-#pragma unroll
-    for (int k2 = 0; k2 < V; ++k2) {
-      const S dy = masked_grad<T>(g.v[k2], out.v[k2], y != nullptr);
-      const S xmu = static_cast<S>(to_acc(v.v[k2])) - b.mean;
-      o.v[k2] = cast_to<T>(b.scale * (dy - b.mean_dy - xmu * b.k));
-      gr.v[k2] = cast_to<T>(dy);
-    }
-    store_packed<T, V>(grad_x, i, o);
-    if (grad_residual) store_packed<T, V>(grad_residual, i, gr);
+    backward_packet<T, V>(grad_out, x, y, grad_x, grad_residual, i,
+                          [&](int) -> BackwardCoefficients<S> { return b; });
   }
 }
 

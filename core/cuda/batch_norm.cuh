@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/common.cuh"
@@ -83,6 +84,49 @@ __device__ __forceinline__ BackwardCoefficients<S> backward_coefficients(S weigh
                                                                          S grad_bias, int64_t m) {
   const S inv_m = S(1) / static_cast<S>(m);
   return {weight * invstd, grad_bias * inv_m, grad_weight * invstd * inv_m, mean};
+}
+
+// One packet of the output: out = relu(x * scale + shift [+ residual]); scale_shift(k) gives the
+// constants of element k's channel, residual may be null.
+template <typename T, int V, typename ScaleShift>
+__device__ __forceinline__ void apply_packet(const T* __restrict__ x, const T* __restrict__ residual, bool relu,
+                                             T* __restrict__ out, int64_t packet, ScaleShift&& scale_shift) {
+  const Packed<T, V> v = load_packed<T, V>(x, packet);
+  Packed<T, V> res{};
+  if (residual) res = load_packed<T, V>(residual, packet);
+  Packed<T, V> o;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const auto [scale, shift] = scale_shift(k);
+    o.v[k] =
+        finish_output<T>(static_cast<acc_t<T>>(to_acc(v.v[k])) * scale + shift, res.v[k], residual != nullptr, relu);
+  }
+  store_packed<T, V>(out, packet, o);
+}
+
+// One packet of the input gradient, dy masked by ReLU's output y where y is not null, and of the
+// residual's gradient (the masked dy) where grad_residual is not null; coefficients(k) gives the
+// BackwardCoefficients of element k's channel.
+template <typename T, int V, typename Coefficients>
+__device__ __forceinline__ void backward_packet(const T* __restrict__ grad_out, const T* __restrict__ x,
+                                                const T* __restrict__ y, T* __restrict__ grad_x,
+                                                T* __restrict__ grad_residual, int64_t packet,
+                                                Coefficients&& coefficients) {
+  const Packed<T, V> g = load_packed<T, V>(grad_out, packet);
+  const Packed<T, V> v = load_packed<T, V>(x, packet);
+  Packed<T, V> out{};
+  if (y) out = load_packed<T, V>(y, packet);
+  Packed<T, V> o, gr;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const BackwardCoefficients<acc_t<T>> b = coefficients(k);
+    const acc_t<T> dy = masked_grad<T>(g.v[k], out.v[k], y != nullptr);
+    const acc_t<T> xmu = static_cast<acc_t<T>>(to_acc(v.v[k])) - b.mean;
+    o.v[k] = cast_to<T>(b.scale * (dy - b.mean_dy - xmu * b.k));
+    gr.v[k] = cast_to<T>(dy);
+  }
+  store_packed<T, V>(grad_x, packet, o);
+  if (grad_residual) store_packed<T, V>(grad_residual, packet, gr);
 }
 
 template <typename T>

@@ -200,16 +200,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows;
        r += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t packet = (r * channels + c0) / V;
-    const Packed<T, V> v = load_packed<T, V>(x, packet);
-    Packed<T, V> res{};
-    if (residual) res = load_packed<T, V>(residual, packet);
-    Packed<T, V> o;
-#pragma unroll
-    for (int k = 0; k < V; ++k)
-      o.v[k] =
-          finish_output<T>(static_cast<S>(to_acc(v.v[k])) * scale[k] + shift[k], res.v[k], residual != nullptr, relu);
-    store_packed<T, V>(out, packet, o);
+    apply_packet<T, V>(x, residual, relu, out, (r * channels + c0) / V,
+                       [&](int k) { return std::pair<S, S>(scale[k], shift[k]); });
   }
 }
 
@@ -234,21 +226,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows;
        r += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t packet = (r * channels + c0) / V;
-    const Packed<T, V> g = load_packed<T, V>(grad_out, packet);
-    const Packed<T, V> v = load_packed<T, V>(x, packet);
-    Packed<T, V> out{};
-    if (y) out = load_packed<T, V>(y, packet);
-    Packed<T, V> o, gr;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const S dy = masked_grad<T>(g.v[k], out.v[k], y != nullptr);
-      const S xmu = static_cast<S>(to_acc(v.v[k])) - coef[k].mean;
-      o.v[k] = cast_to<T>(coef[k].scale * (dy - coef[k].mean_dy - xmu * coef[k].k));
-      gr.v[k] = cast_to<T>(dy);
-    }
-    store_packed<T, V>(grad_x, packet, o);
-    if (grad_residual) store_packed<T, V>(grad_residual, packet, gr);
+    backward_packet<T, V>(grad_out, x, y, grad_x, grad_residual, (r * channels + c0) / V,
+                          [&](int k) -> BackwardCoefficients<S> { return coef[k]; });
   }
 }
 
@@ -273,6 +252,28 @@ dim3 apply_grid(int64_t rows, const Tiling& t, int device) {
 
 unsigned finish_blocks(int64_t channels) { return static_cast<unsigned>((channels + kFinishX - 1) / kFinishX); }
 
+// The first reduction pass over every row: (splits, C, 2) partials of the statistics (grad_out
+// undefined) or of the gradients' sums.
+template <typename T, int V>
+Tensor partial_sums(const Tensor& x, const Tensor& grad_out, const Tensor& relu_out, const Tensor& mean,
+                    DType stat_dtype) {
+  using S = stat_t<acc_t<T>>;
+  const int64_t channels = x.shape()[1], rows = x.numel() / channels;
+  const Tiling t = tiling(channels, V);
+  const Splits s = split_rows(rows, t, x.device().index);
+  Tensor partial = empty({s.count, channels, 2}, TensorOptions(stat_dtype, x.device()));  // (splits, C, 2)
+  const dim3 grid(static_cast<unsigned>(s.count), static_cast<unsigned>(t.channel_tiles)), block(t.tx, t.ty);
+  if (grad_out.defined()) {
+    nhwc_partial_sums<T, V, true><<<grid, block, 0, stream_of(x)>>>(
+        device_ptr<const T>(x), device_ptr<const T>(grad_out), ptr_or_null<T>(relu_out), device_ptr<const S>(mean),
+        device_ptr<S>(partial), rows, channels, s.rows_per_split);
+  } else {
+    nhwc_partial_sums<T, V, false><<<grid, block, 0, stream_of(x)>>>(
+        device_ptr<const T>(x), nullptr, nullptr, nullptr, device_ptr<S>(partial), rows, channels, s.rows_per_split);
+  }
+  return partial;
+}
+
 template <typename T, int V>
 void forward_training_launch(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                              const Tensor& running_var, const Tensor& residual, bool relu, const Tensor& out,
@@ -281,15 +282,11 @@ void forward_training_launch(const Tensor& x, const Tensor& weight, const Tensor
   const int device = x.device().index;
   cudaStream_t stream = stream_of(x);
   const int64_t channels = x.shape()[1], rows = x.numel() / channels;
-  const Tiling t = tiling(channels, V);
-  const Splits s = split_rows(rows, t, device);
-  Tensor partial = empty({s.count, channels, 2}, TensorOptions(save_mean.dtype(), x.device()));  // (splits, C, 2)
-  nhwc_partial_sums<T, V, false>
-      <<<dim3(static_cast<unsigned>(s.count), static_cast<unsigned>(t.channel_tiles)), dim3(t.tx, t.ty), 0, stream>>>(
-          device_ptr<const T>(x), nullptr, nullptr, nullptr, device_ptr<S>(partial), rows, channels, s.rows_per_split);
+  Tensor partial = partial_sums<T, V>(x, Tensor(), Tensor(), Tensor(), save_mean.dtype());  // (splits, C, 2)
   nhwc_finalize_stats<T><<<finish_blocks(channels), dim3(kFinishX, kFinishY), 0, stream>>>(
-      device_ptr<const T>(x), device_ptr<const S>(partial), s.count, channels, rows, momentum, eps,
+      device_ptr<const T>(x), device_ptr<const S>(partial), partial.shape()[0], channels, rows, momentum, eps,
       device_ptr<S>(running_mean), device_ptr<S>(running_var), device_ptr<S>(save_mean), device_ptr<S>(save_invstd));
+  const Tiling t = tiling(channels, V);
   nhwc_apply<T, V><<<apply_grid(rows, t, device), dim3(t.tx, t.ty), 0, stream>>>(
       device_ptr<const T>(x), ptr_or_null<T>(residual), relu, device_ptr<T>(out), device_ptr<const S>(save_mean),
       device_ptr<const S>(save_invstd), device_ptr<const S>(weight), device_ptr<const S>(bias), rows, channels);
@@ -319,16 +316,11 @@ void backward_launch(const Tensor& grad_out, const Tensor& x, const Tensor& weig
   const int device = x.device().index;
   cudaStream_t stream = stream_of(x);
   const int64_t channels = x.shape()[1], rows = x.numel() / channels;
-  const Tiling t = tiling(channels, V);
-  const Splits s = split_rows(rows, t, device);
-  Tensor partial = empty({s.count, channels, 2}, TensorOptions(save_mean.dtype(), x.device()));  // (splits, C, 2)
-  nhwc_partial_sums<T, V, true>
-      <<<dim3(static_cast<unsigned>(s.count), static_cast<unsigned>(t.channel_tiles)), dim3(t.tx, t.ty), 0, stream>>>(
-          device_ptr<const T>(x), device_ptr<const T>(grad_out), ptr_or_null<T>(relu_out),
-          device_ptr<const S>(save_mean), device_ptr<S>(partial), rows, channels, s.rows_per_split);
+  Tensor partial = partial_sums<T, V>(x, grad_out, relu_out, save_mean, save_mean.dtype());  // (splits, C, 2)
   nhwc_finalize_grads<S><<<finish_blocks(channels), dim3(kFinishX, kFinishY), 0, stream>>>(
-      device_ptr<const S>(partial), s.count, channels, device_ptr<const S>(save_invstd), device_ptr<S>(grad_weight),
-      device_ptr<S>(grad_bias));
+      device_ptr<const S>(partial), partial.shape()[0], channels, device_ptr<const S>(save_invstd),
+      device_ptr<S>(grad_weight), device_ptr<S>(grad_bias));
+  const Tiling t = tiling(channels, V);
   nhwc_backward_apply<T, V><<<apply_grid(rows, t, device), dim3(t.tx, t.ty), 0, stream>>>(
       device_ptr<const T>(grad_out), device_ptr<const T>(x), ptr_or_null<T>(relu_out), device_ptr<T>(grad_x),
       grad_residual.defined() ? device_ptr<T>(grad_residual) : nullptr, device_ptr<const S>(save_mean),
