@@ -135,14 +135,15 @@ BatchNormForward batch_norm(const Tensor& x, const Tensor& weight, const Tensor&
     check_same_device("batch_norm", x, residual);
   }
   if (training) {
-    TANDEM_CHECK_AS(ValueError, x.numel() / c > 1, "batch_norm: training needs more than one value per channel, got input ",
-                    shape_str(x.shape()));
+    TANDEM_CHECK_AS(ValueError, c > 0 && x.numel() / c > 1,
+                    "batch_norm: training needs more than one value per channel, got input ", shape_str(x.shape()));
   }
   const bool channels_last = is_channels_last(x);
   BatchNormForward result;
   result.out = empty_in_layout(x.shape(), x.options(), channels_last);  // like x
   Tensor xc = in_layout(x, channels_last);
   Tensor rc = residual.defined() ? in_layout(residual, channels_last) : Tensor();
+  if (x.numel() == 0) return result;  // evaluation of an empty batch: nothing to write
   if (training) {
     result.save_mean = empty({c}, TensorOptions(stat, x.device()));
     result.save_invstd = empty({c}, TensorOptions(stat, x.device()));

@@ -246,7 +246,7 @@ Splits split_rows(int64_t rows, const Tiling& t, int device) {
 // The elementwise passes' grid: (row blocks, channel tiles), about 8 blocks per multiprocessor.
 dim3 apply_grid(int64_t rows, const Tiling& t, int device) {
   const int64_t wanted = std::max<int64_t>(1, (8LL * multiprocessors(device) + t.channel_tiles - 1) / t.channel_tiles);
-  const int64_t row_blocks = std::min<int64_t>(wanted, (rows + t.ty - 1) / t.ty);
+  const int64_t row_blocks = std::max<int64_t>(1, std::min<int64_t>(wanted, (rows + t.ty - 1) / t.ty));
   return dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(t.channel_tiles));
 }
 

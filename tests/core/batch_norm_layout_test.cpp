@@ -138,6 +138,15 @@ TEST(BatchNormLayout, FusedResidualReluGivesTheBitsOfSeparateOps) {
   }
 }
 
+// An empty batch in evaluation gives an empty output in the input's layout.
+TEST(BatchNormLayout, EmptyBatchInEvaluation) {
+  Inputs in = draw({1, 4, 2, 3}, DType::f32);
+  Tensor x = as_channels_last(testing::random_uniform({0, 4, 2, 3}, -1.0, 1.0, DType::f32));
+  kernels::BatchNormForward f =
+      kernels::batch_norm(x, in.weight, in.bias, in.running_mean, in.running_var, false, 0.1, 1e-5, Tensor(), true);
+  EXPECT_EQ(f.out.shape(), (Shape{0, 4, 2, 3}));
+}
+
 TEST(BatchNormLayout, ResidualErrorsNameTheMismatch) {
   Inputs in = draw({2, 3, 4, 4}, DType::f32);
   Tensor wrong_shape = testing::random_uniform({2, 3, 4, 5}, -1.0, 1.0, DType::f32);
