@@ -159,11 +159,19 @@ Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t 
                   bool count_include_pad = true);
 // Average over windows that tile (H, W) into (out_h, out_w); H and W must divide evenly.
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
-// Normalises each channel of x (N, C, H, W). In training, uses and returns the batch statistics
-// and updates running_mean / running_var in place (momentum as in PyTorch); in evaluation, uses
-// the running statistics. weight, bias and running stats are (C,) in f32 (f64 for f64 input).
+// Normalises each channel of x (N, C, H, W), NCHW or channels-last (the output keeps x's layout).
+// In training, uses and returns the batch statistics and updates running_mean / running_var in
+// place (momentum as in PyTorch); in evaluation, uses the running statistics. weight, bias and
+// running stats are (C,) in f32 (f64 for f64 input).
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+// relu(batch_norm(x) + residual) as one op: the values of batch_norm, add and relu one after the
+// other (residual optional, x's shape and dtype; relu optional). One node: its backward masks the
+// gradient by the output (ReLU's backward), gives the residual that gradient and runs batch norm's
+// backward; on CUDA one pass each way beyond the statistics. x may be channels-last (as batch_norm).
+Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                      const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
+                      const Tensor& residual = Tensor(), bool relu = true);
 
 // ---- other layers' functions ----
 // Normalises over the last normalized_shape.size() dims (biased variance), then scales and

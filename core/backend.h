@@ -60,17 +60,23 @@ namespace tandem {
   void pool2d_forward(const Tensor& x, const Tensor& out, const Pool2dParams& p);                   \
   void pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& out,                  \
                        const Tensor& grad_x, const Pool2dParams& p);                                \
-  /* x, out (N, C, H, W) contiguous; per-channel (C,) tensors in the statistics dtype */           \
+  /* batch norm: every (N, C, H, W) operand either contiguous or all channels-last (strides     */ \
+  /* (H*W*C, 1, W*C, C)), as x is; per-channel (C,) tensors in the statistics dtype. residual    */ \
+  /* (maybe undefined) and relu: out = relu(round(bn(x)) + residual). relu_out (maybe undefined): */ \
+  /* grad_out is masked where relu_out <= 0 first, and grad_residual (maybe undefined) gets it */   \
   void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,       \
                                    const Tensor& running_mean, const Tensor& running_var,           \
-                                   const Tensor& out, const Tensor& save_mean,                      \
-                                   const Tensor& save_invstd, double momentum, double eps);         \
+                                   const Tensor& residual, bool relu, const Tensor& out,            \
+                                   const Tensor& save_mean, const Tensor& save_invstd,              \
+                                   double momentum, double eps);                                    \
   void batch_norm_forward_inference(const Tensor& x, const Tensor& weight, const Tensor& bias,      \
                                     const Tensor& running_mean, const Tensor& running_var,          \
-                                    const Tensor& out, double eps);                                 \
+                                    const Tensor& residual, bool relu, const Tensor& out,           \
+                                    double eps);                                                    \
   void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,           \
                            const Tensor& save_mean, const Tensor& save_invstd,                      \
-                           const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias); \
+                           const Tensor& relu_out, const Tensor& grad_x, const Tensor& grad_weight, \
+                           const Tensor& grad_bias, const Tensor& grad_residual);                   \
   /* layer norm over the last dim: x, out, grad_out, grad_x (rows, D) contiguous; weight, bias, */  \
   /* grad_weight, grad_bias (D,) contiguous or undefined; mean, rstd (rows,) in the stats dtype */   \
   void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, \

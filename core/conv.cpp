@@ -1,9 +1,10 @@
-// The device-neutral side of 2-D convolution, pooling and batch norm over NCHW tensors.
+// The device-neutral side of 2-D convolution, pooling (NCHW) and batch norm (NCHW or channels-last).
 #include "tandem/core/conv.h"
 
 #include "tandem/core/backend.h"
 #include "tandem/core/kernel_checks.h"
 #include "tandem/core/copy.h"
+#include "tandem/core/views.h"
 
 namespace tandem::kernels {
 
@@ -85,8 +86,36 @@ Tensor pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& ou
   return grad_x;
 }
 
+namespace {
+// Batch norm keeps a channels-last input's layout: strides exactly (H*W*C, 1, W*C, C).
+bool is_channels_last(const Tensor& x) {
+  const Shape& s = x.shape();
+  const Strides& st = x.strides();
+  return x.dim() == 4 && st[1] == 1 && st[3] == s[1] && st[2] == s[3] * s[1] && st[0] == s[2] * s[3] * s[1];
+}
+
+// (N, C, H, W) with channels-last strides: an (N, H, W, C) tensor seen through a permutation.
+Tensor empty_channels_last(const Shape& shape, TensorOptions options) {
+  return views::permute(empty({shape[0], shape[2], shape[3], shape[1]}, options), {0, 3, 1, 2});
+}
+
+// t in the layout batch norm runs in: channels-last (copied if need be) or NCHW-contiguous.
+Tensor in_layout(const Tensor& t, bool channels_last) {
+  if (!channels_last) return contiguous(t);
+  if (is_channels_last(t)) return t;
+  Tensor out = empty_channels_last(t.shape(), t.options());  // (N, C, H, W), NHWC memory
+  copy_(out, t);
+  return out;
+}
+
+Tensor empty_in_layout(const Shape& shape, TensorOptions options, bool channels_last) {
+  return channels_last ? empty_channels_last(shape, options) : empty(shape, options);
+}
+}  // namespace
+
 BatchNormForward batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                            const Tensor& running_var, bool training, double momentum, double eps) {
+                            const Tensor& running_var, bool training, double momentum, double eps,
+                            const Tensor& residual, bool relu) {
   check_nchw("batch_norm", x);
   const int64_t c = x.shape()[1];
   DType stat = stats_dtype(x.dtype());
@@ -98,30 +127,49 @@ BatchNormForward batch_norm(const Tensor& x, const Tensor& weight, const Tensor&
     check_same_device("batch_norm", x, *t);
     TANDEM_CHECK_AS(ValueError, t->is_contiguous(), "batch_norm: per-channel tensors must be contiguous");
   }
-  if (training) {
-    TANDEM_CHECK_AS(ValueError, x.numel() / c > 1, "batch_norm: training needs more than one value per channel, got input ",
-                    shape_str(x.shape()));
+  if (residual.defined()) {
+    TANDEM_CHECK_AS(ValueError, residual.shape() == x.shape(), "batch_norm: residual ", shape_str(residual.shape()),
+                    " must have the input's shape ", shape_str(x.shape()));
+    TANDEM_CHECK_AS(TypeError, residual.dtype() == x.dtype(), "batch_norm: residual must be ", x.dtype(),
+                    " like the input, got ", residual.dtype());
+    check_same_device("batch_norm", x, residual);
   }
+  if (training) {
+    TANDEM_CHECK_AS(ValueError, c > 0 && x.numel() / c > 1,
+                    "batch_norm: training needs more than one value per channel, got input ", shape_str(x.shape()));
+  }
+  const bool channels_last = is_channels_last(x);
   BatchNormForward result;
-  result.out = empty(x.shape(), x.options());
-  Tensor xc = contiguous(x);
+  result.out = empty_in_layout(x.shape(), x.options(), channels_last);  // like x
+  Tensor xc = in_layout(x, channels_last);
+  Tensor rc = residual.defined() ? in_layout(residual, channels_last) : Tensor();
+  if (x.numel() == 0) return result;  // evaluation of an empty batch: nothing to write
   if (training) {
     result.save_mean = empty({c}, TensorOptions(stat, x.device()));
     result.save_invstd = empty({c}, TensorOptions(stat, x.device()));
-    TANDEM_ROUTE(x.device(), batch_norm_forward_training, xc, weight, bias, running_mean, running_var, result.out,
-                 result.save_mean, result.save_invstd, momentum, eps);
+    TANDEM_ROUTE(x.device(), batch_norm_forward_training, xc, weight, bias, running_mean, running_var, rc, relu,
+                 result.out, result.save_mean, result.save_invstd, momentum, eps);
   } else {
-    TANDEM_ROUTE(x.device(), batch_norm_forward_inference, xc, weight, bias, running_mean, running_var, result.out, eps);
+    TANDEM_ROUTE(x.device(), batch_norm_forward_inference, xc, weight, bias, running_mean, running_var, rc, relu,
+                 result.out, eps);
   }
   return result;
 }
 
 BatchNormBackward batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                      const Tensor& save_mean, const Tensor& save_invstd) {
-  BatchNormBackward result{empty(x.shape(), x.options()), empty(weight.shape(), weight.options()),
-                           empty(weight.shape(), weight.options())};
-  TANDEM_ROUTE(x.device(), batch_norm_backward, contiguous(grad_out), contiguous(x), weight, save_mean, save_invstd,
-               result.grad_input, result.grad_weight, result.grad_bias);
+                                      const Tensor& save_mean, const Tensor& save_invstd, const Tensor& relu_out,
+                                      bool residual_grad) {
+  const bool channels_last = is_channels_last(x);
+  BatchNormBackward result{empty_in_layout(x.shape(), x.options(), channels_last),
+                           empty(weight.shape(), weight.options()), empty(weight.shape(), weight.options()), Tensor()};
+  // Without a ReLU the residual's gradient is grad_out itself; with one, the masked gradient the
+  // backend writes.
+  const bool write_residual_grad = residual_grad && relu_out.defined();
+  if (write_residual_grad) result.grad_residual = empty_in_layout(x.shape(), x.options(), channels_last);
+  TANDEM_ROUTE(x.device(), batch_norm_backward, in_layout(grad_out, channels_last), in_layout(x, channels_last), weight,
+               save_mean, save_invstd, relu_out.defined() ? in_layout(relu_out, channels_last) : Tensor(),
+               result.grad_input, result.grad_weight, result.grad_bias, result.grad_residual);
+  if (residual_grad && !write_residual_grad) result.grad_residual = grad_out;
   return result;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
-// 2-D convolution, pooling and batch norm over NCHW tensors (device-neutral side). Backends:
-// core/cpu/{conv,pool,batch_norm}.cpp, core/cuda/cudnn_conv.cpp, core/cuda/batch_norm.cu.
+// 2-D convolution, pooling and batch norm (NCHW; batch norm also channels-last), the device-neutral
+// side. Backends: core/cpu/{conv,pool,batch_norm}.cpp, core/cuda/cudnn_conv.cpp,
+// core/cuda/batch_norm{,_nhwc}.cu.
 #include <cstdint>
 
 #include "tandem/core/tensor.h"
@@ -27,7 +28,7 @@ struct Pool2dParams {
 
 namespace kernels {
 
-// ---- convolution, pooling, batch norm (NCHW) ----
+// ---- convolution, pooling (NCHW), batch norm (NCHW or channels-last) ----
 // x (N, C, H, W), weight (K, C / groups, R, S) -> (N, K, P, Q). No bias: add it by broadcasting.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& params);
 Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const Shape& input_shape,
@@ -40,18 +41,30 @@ Tensor pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& ou
 // Batch norm over (N, H, W) per channel of x (N, C, H, W). weight, bias, running stats: (C,) in
 // f32 (f64 for f64 inputs). In training the batch statistics normalise and update the running
 // ones (running = (1 - momentum) * running + momentum * batch, with the unbiased variance).
+// x may be channels-last (strides (H*W*C, 1, W*C, C): NHWC memory); the output then is too, and
+// any other layout is made NCHW-contiguous first. Results are the same in both layouts.
+//
+// With a residual (x's shape) and/or relu, out = relu(batch_norm(x) + residual), the values of
+// batch_norm, add and relu run one after the other (the normalised value is rounded to x's dtype
+// before the add, as the separate ops round it); on CUDA one pass writes it.
 struct BatchNormForward {
   Tensor out;         // like x
   Tensor save_mean;   // (C,) batch mean (training) or empty
   Tensor save_invstd; // (C,) 1 / sqrt(batch var + eps) (training) or empty
 };
 BatchNormForward batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                            const Tensor& running_var, bool training, double momentum, double eps);
+                            const Tensor& running_var, bool training, double momentum, double eps,
+                            const Tensor& residual = Tensor(), bool relu = false);
 struct BatchNormBackward {
   Tensor grad_input, grad_weight, grad_bias;
+  Tensor grad_residual;  // the gradient reaching the residual add, when asked for
 };
+// The training backward. With relu_out (the forward's output after its ReLU) defined, grad_out is
+// first masked where relu_out <= 0 (ReLU's backward); with residual_grad, grad_residual is that
+// masked gradient (the residual add passes it through unchanged).
 BatchNormBackward batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                      const Tensor& save_mean, const Tensor& save_invstd);
+                                      const Tensor& save_mean, const Tensor& save_invstd,
+                                      const Tensor& relu_out = Tensor(), bool residual_grad = false);
 
 }  // namespace kernels
 }  // namespace tandem

@@ -57,9 +57,16 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double eps, double momentum, TensorOp
   num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, TensorOptions(DType::i64, options.device)));
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) {
+Tensor BatchNorm2d::forward(const Tensor& x) { return forward_with(x, Tensor(), false); }
+
+Tensor BatchNorm2d::forward_relu(const Tensor& x, const Tensor& residual) { return forward_with(x, residual, true); }
+
+Tensor BatchNorm2d::forward_with(const Tensor& x, const Tensor& residual, bool relu) {
   if (is_training()) kernels::add_(num_batches_tracked, ones({}, num_batches_tracked.options()));
-  return batch_norm(x, weight, bias, running_mean, running_var, is_training(), momentum, eps);
+  if (!residual.defined() && !relu) {
+    return batch_norm(x, weight, bias, running_mean, running_var, is_training(), momentum, eps);
+  }
+  return batch_norm_act(x, weight, bias, running_mean, running_var, is_training(), momentum, eps, residual, relu);
 }
 
 LayerNorm::LayerNorm(Shape shape, double eps, TensorOptions options) : normalized_shape(std::move(shape)), eps(eps) {

@@ -47,6 +47,9 @@ class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
+  // relu(forward(x) + residual) (residual optional) as one op, batch_norm_act: a ResNet block's
+  // batch norm, shortcut add and ReLU in one pass each way on CUDA.
+  Tensor forward_relu(const Tensor& x, const Tensor& residual = Tensor());
   using Module::to;
   void to(DType dtype) override { Module::to(is_half(dtype) ? DType::f32 : dtype); }
   Tensor weight, bias, running_mean, running_var;  // (C,) each
@@ -55,6 +58,9 @@ class BatchNorm2d : public Module {
 
  protected:
   std::string type_name() const override { return "BatchNorm2d"; }
+
+ private:
+  Tensor forward_with(const Tensor& x, const Tensor& residual, bool relu);
 };
 
 class LayerNorm : public Module {

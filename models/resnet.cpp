@@ -32,10 +32,9 @@ BasicBlock::BasicBlock(int64_t in_channels, int64_t channels, int64_t stride, Te
 }
 
 Tensor BasicBlock::forward(const Tensor& x) {
-  Tensor y = relu((*bn1)((*conv1)(x)));                  // (N, C, H', W')
-  y = (*bn2)((*conv2)(y));                               // (N, C, H', W')
+  Tensor y = bn1->forward_relu((*conv1)(x));                  // (N, C, H', W')
   Tensor shortcut = downsample ? downsample->forward(x) : x;  // (N, C, H', W')
-  return relu(add(y, shortcut));
+  return bn2->forward_relu((*conv2)(y), shortcut);            // relu(bn2(conv2(y)) + shortcut)
 }
 
 ResNet18::ResNet18(int64_t num_classes, TensorOptions options) {
@@ -52,7 +51,7 @@ ResNet18::ResNet18(int64_t num_classes, TensorOptions options) {
 Tensor ResNet18::forward(const Tensor& x) {
   TANDEM_CHECK_AS(ValueError, x.dim() == 4 && x.size(1) == 3, "ResNet18: input ", shape_str(x.shape()),
                   " should be (N, 3, H, W) images");
-  Tensor y = relu((*bn1)((*conv1)(x)));  // (N, 64, H, W)
+  Tensor y = bn1->forward_relu((*conv1)(x));  // (N, 64, H, W)
   y = layer1->forward(y);                // (N, 64, H, W)
   y = layer2->forward(y);                // (N, 128, H / 2, W / 2)
   y = layer3->forward(y);                // (N, 256, H / 4, W / 4)

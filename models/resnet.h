@@ -2,7 +2,8 @@
 // ResNet-18 for 32x32 images (the CIFAR variant): a 3x3 stride-1 stem without max-pooling, four
 // stages of two BasicBlocks (64, 128, 256, 512 channels; stride 2 and a 1x1 convolution + batch
 // norm shortcut where a stage starts smaller), global average pooling and a linear classifier.
-// Convolutions have no bias; every convolution is followed by batch norm. PyTorch's default
+// Convolutions have no bias; every convolution is followed by batch norm, fused with the ReLU (and
+// the block's shortcut add) after it (nn::BatchNorm2d::forward_relu). PyTorch's default
 // initialisations (those of nn::Conv2d, nn::BatchNorm2d and nn::Linear).
 //
 // Parameter and buffer names match torchvision's ResNet and bench/reference/train_step.py's

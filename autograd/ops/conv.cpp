@@ -1,4 +1,4 @@
-// Convolution, pooling and batch norm (NCHW) with their gradients.
+// Convolution, pooling and batch norm (with its fused residual add and ReLU) with their gradients.
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
 #include "tandem/core/kernels.h"
@@ -81,41 +81,76 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
   return pool(x, p, "adaptive_avg_pool2d");
 }
 
-Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool training, double momentum, double eps) {
+namespace {
+// Batch norm's backward in evaluation, an affine map per channel: gx = g * weight * invstd,
+// gw = sum(g * xhat), gb = sum(g), from statistics copied at the forward (mean, invstd (C,)).
+std::vector<Tensor> batch_norm_eval_backward(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                             const Tensor& invstd, bool need_w) {
+  // Per-channel tensors are f32 for 16-bit inputs: compute in their dtype.
+  Tensor gs = kernels::to_dtype(g, invstd.dtype());               // (N, C, H, W)
+  Tensor scale = kernels::binary(BinaryOp::mul, weight, invstd);  // (C,)
+  Tensor gx = kernels::to_dtype(kernels::binary(BinaryOp::mul, gs, per_channel(scale)), g.dtype());
+  Tensor gw;
+  if (need_w) {
+    Tensor xs = kernels::to_dtype(x, invstd.dtype());  // (N, C, H, W)
+    Tensor xhat =
+        kernels::binary(BinaryOp::mul, kernels::binary(BinaryOp::sub, xs, per_channel(mean)), per_channel(invstd));
+    gw = sum_per_channel(kernels::binary(BinaryOp::mul, gs, xhat));
+  }
+  return {gx, gw, sum_per_channel(gs)};
+}
+
+// batch_norm and batch_norm_act: one node with inputs (x, weight, bias[, residual]).
+Tensor record_batch_norm(const char* name, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                         const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
+                         double eps, const Tensor& residual, bool relu) {
   // The running statistics are buffers: updated in place, never part of the graph.
   kernels::BatchNormForward f =
-      kernels::batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps);
+      kernels::batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, residual, relu);
+  std::vector<Tensor> inputs{x, weight, bias};
+  if (residual.defined()) inputs.push_back(residual);
+  const bool has_residual = residual.defined();
+  // ReLU's backward reads the output (y > 0 where its input was); saving it costs nothing extra
+  // where the next layer keeps it too.
+  Tensor relu_out = relu ? saved(f.out) : Tensor();
   if (training) {
-    return record(f.out, "batch_norm", {x, weight, bias},
-                  [sx = saved(x), sw = saved(weight), mean = f.save_mean,
-                   invstd = f.save_invstd](const Tensor& g) -> std::vector<Tensor> {
-                    kernels::BatchNormBackward b = kernels::batch_norm_backward(g, sx, sw, mean, invstd);
-                    return {b.grad_input, b.grad_weight, b.grad_bias};
+    return record(f.out, name, inputs,
+                  [sx = saved(x), sw = saved(weight), mean = f.save_mean, invstd = f.save_invstd, relu_out,
+                   has_residual](const Tensor& g) -> std::vector<Tensor> {
+                    kernels::BatchNormBackward b =
+                        kernels::batch_norm_backward(g, sx, sw, mean, invstd, relu_out, has_residual);
+                    std::vector<Tensor> grads{b.grad_input, b.grad_weight, b.grad_bias};
+                    if (has_residual) grads.push_back(b.grad_residual);
+                    return grads;
                   });
   }
-  // Evaluation is an affine map per channel: out = (x - mean) * invstd * weight + bias. The
-  // statistics are copied now so that a later training step cannot change this backward.
+  // The statistics are copied now so that a later training step cannot change this backward.
   Tensor mean = kernels::clone(running_mean);  // (C,)
   Tensor invstd = kernels::unary(
       UnaryOp::rsqrt, kernels::binary(BinaryOp::add, running_var, scalar_tensor(eps, running_var.options())));  // (C,)
   const bool need_w = weight.requires_grad();
-  return record(f.out, "batch_norm", {x, weight, bias},
-                [sx = need_w ? saved(x) : Tensor(), sw = saved(weight), mean, invstd, x_dtype = x.dtype(),
-                 need_w](const Tensor& g) -> std::vector<Tensor> {
-                  // Per-channel tensors are f32 for 16-bit inputs: compute in their dtype.
-                  Tensor gs = kernels::to_dtype(g, invstd.dtype());           // (N, C, H, W)
-                  Tensor scale = kernels::binary(BinaryOp::mul, sw, invstd);  // (C,)
-                  Tensor gx = kernels::to_dtype(kernels::binary(BinaryOp::mul, gs, per_channel(scale)), x_dtype);
-                  Tensor gw;
-                  if (need_w) {
-                    Tensor xs = kernels::to_dtype(sx, invstd.dtype());  // (N, C, H, W)
-                    Tensor xhat = kernels::binary(BinaryOp::mul, kernels::binary(BinaryOp::sub, xs, per_channel(mean)),
-                                                  per_channel(invstd));
-                    gw = sum_per_channel(kernels::binary(BinaryOp::mul, gs, xhat));
-                  }
-                  return {gx, gw, sum_per_channel(gs)};
+  return record(f.out, name, inputs,
+                [sx = need_w ? saved(x) : Tensor(), sw = saved(weight), mean, invstd, need_w, relu_out,
+                 has_residual](const Tensor& g) -> std::vector<Tensor> {
+                  Tensor masked = relu_out.defined() ? kernels::unary_backward(UnaryOp::relu, g, relu_out) : g;
+                  std::vector<Tensor> grads = batch_norm_eval_backward(masked, sx, sw, mean, invstd, need_w);
+                  if (has_residual) grads.push_back(masked);
+                  return grads;
                 });
+}
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps) {
+  return record_batch_norm("batch_norm", x, weight, bias, running_mean, running_var, training, momentum, eps, Tensor(),
+                           false);
+}
+
+Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                      const Tensor& running_var, bool training, double momentum, double eps, const Tensor& residual,
+                      bool relu) {
+  return record_batch_norm("batch_norm_act", x, weight, bias, running_mean, running_var, training, momentum, eps,
+                           residual, relu);
 }
 
 }  // namespace tandem

@@ -1,33 +1,22 @@
-// CUDA batch norm over x (N, C, H, W) contiguous, statistics per channel over its M = N * H * W
-// values, in S (f32; f64 for f64). cuDNN's NCHW kernels gave each channel few blocks: ResNet-18's
-// (256, 64, 32, 32) batch norm took 0.37 ms backward and 0.20 ms forward, over ten times its
-// memory time. Here a channel's reduction is split across as many blocks as fill the GPU, each
-// writing a partial sum; one thread per channel adds its partials in a fixed order (the results
-// are the same bits on every run), and one elementwise pass writes the output or input gradient.
+// CUDA batch norm over x (N, C, H, W) NCHW-contiguous (channels-last x goes to batch_norm_nhwc.cu),
+// statistics per channel over its M = N * H * W values, in S (f32; f64 for f64); the residual add
+// and ReLU after it, and ReLU's backward before its backward, fused into the elementwise passes.
+// cuDNN's NCHW kernels gave each channel few blocks: ResNet-18's (256, 64, 32, 32) batch norm took
+// 0.37 ms backward and 0.20 ms forward, over ten times its memory time. Here a channel's reduction
+// is split across as many blocks as fill the GPU, each writing a partial sum; one thread per
+// channel adds its partials in a fixed order (the results are the same bits on every run), and one
+// elementwise pass writes the output or input gradient.
 //
 // Statistics use sums of d = x - K with K the channel's first value (the shifted-data algorithm):
 // the blocks of a channel share K, so their partials simply add, and the variance
 // sum(d^2) / M - (sum(d) / M)^2 does not cancel catastrophically when the mean is far from zero.
-#include <algorithm>
-#include <cstdint>
-#include <type_traits>
-
-#include "tandem/core/backend.h"
-#include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/batch_norm.cuh"
 
 namespace tandem::cuda {
 
 namespace {
 
-template <typename T>
-using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-constexpr int kThreads = 256;
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Packed {
-  T v[V];
-};
+using namespace batch_norm_detail;
 
 // (a, b) summed over the block; the result is valid in thread 0.
 template <typename S>
@@ -72,7 +61,7 @@ __global__ void __launch_bounds__(kThreads)
   S sum = 0, sum_sq = 0;
   for (int64_t i = threadIdx.x; i < count; i += kThreads) {
     const int64_t n = n0 + i / per_plane;
-    const Packed<T, V> v = reinterpret_cast<const Packed<T, V>*>(x + (n * p.channels + c) * p.plane)[i % per_plane];
+    const Packed<T, V> v = load_packed<T, V>(x + (n * p.channels + c) * p.plane, i % per_plane);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const S d = static_cast<S>(to_acc(v.v[k])) - shift;
@@ -102,47 +91,33 @@ __global__ void batch_norm_finalize_stats(const T* __restrict__ x, const stat_t<
     sum += partial[(c * splits + s) * 2];
     sum_sq += partial[(c * splits + s) * 2 + 1];
   }
-  const S mean_shifted = sum / static_cast<S>(m);
-  const S var = max(sum_sq / static_cast<S>(m) - mean_shifted * mean_shifted, S(0));  // biased
-  const S mean = static_cast<S>(to_acc(x[c * plane])) + mean_shifted;
-  save_mean[c] = mean;
-  save_invstd[c] = S(1) / sqrt(var + static_cast<S>(eps));
-  const S mom = static_cast<S>(momentum);
-  running_mean[c] = (S(1) - mom) * running_mean[c] + mom * mean;
-  running_var[c] = (S(1) - mom) * running_var[c] + mom * var * static_cast<S>(m) / static_cast<S>(m - 1);
+  finish_stats<S>(sum, sum_sq, static_cast<S>(to_acc(x[c * plane])), m, momentum, eps, running_mean + c,
+                  running_var + c, save_mean + c, save_invstd + c);
 }
 
-// invstd[c] = 1 / sqrt(var[c] + eps), for inference from the running variance.
-template <typename S>
-__global__ void batch_norm_invstd(const S* __restrict__ var, S* __restrict__ invstd, int64_t channels, double eps) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c < channels) invstd[c] = S(1) / sqrt(var[c] + static_cast<S>(eps));
-}
-
-// out = (x - mean[c]) * invstd[c] * weight[c] + bias[c], V elements at a time (never across planes).
+// out = relu((x - mean[c]) * invstd[c] * weight[c] + bias[c] [+ residual]), V elements at a time
+// (never across planes); residual may be null.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    batch_norm_apply(const T* __restrict__ x, T* __restrict__ out, const stat_t<acc_t<T>>* __restrict__ mean,
-                     const stat_t<acc_t<T>>* __restrict__ invstd, const stat_t<acc_t<T>>* __restrict__ weight,
-                     const stat_t<acc_t<T>>* __restrict__ bias, int64_t vectors, Planes p) {
+    batch_norm_apply(const T* __restrict__ x, const T* __restrict__ residual, bool relu, T* __restrict__ out,
+                     const stat_t<acc_t<T>>* __restrict__ mean, const stat_t<acc_t<T>>* __restrict__ invstd,
+                     const stat_t<acc_t<T>>* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ bias,
+                     int64_t vectors, Planes p) {
   using S = stat_t<acc_t<T>>;
   const int64_t per_plane = p.plane / V;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < vectors;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t c = (i / per_plane) % p.channels;
     const S scale = invstd[c] * weight[c], shift = bias[c] - mean[c] * scale;
-    const Packed<T, V> v = reinterpret_cast<const Packed<T, V>*>(x)[i];
-    Packed<T, V> o;
-#pragma unroll
-    for (int k = 0; k < V; ++k) o.v[k] = cast_to<T>(static_cast<S>(to_acc(v.v[k])) * scale + shift);
-    reinterpret_cast<Packed<T, V>*>(out)[i] = o;
+    apply_packet<T, V>(x, residual, relu, out, i, [&](int) { return std::pair<S, S>(scale, shift); });
   }
 }
 
-// partial[c][split] = (sum(dy), sum(dy * (x - mean))) over the split's images.
+// partial[c][split] = (sum(dy), sum(dy * (x - mean))) over the split's images, dy masked by
+// ReLU's output y where y is not null.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    batch_norm_partial_grads(const T* __restrict__ grad_out, const T* __restrict__ x,
+    batch_norm_partial_grads(const T* __restrict__ grad_out, const T* __restrict__ x, const T* __restrict__ y,
                              const stat_t<acc_t<T>>* __restrict__ mean, stat_t<acc_t<T>>* __restrict__ partial,
                              int64_t images, Planes p) {
   using S = stat_t<acc_t<T>>;
@@ -154,11 +129,13 @@ __global__ void __launch_bounds__(kThreads)
   S sum_dy = 0, sum_dy_xmu = 0;
   for (int64_t i = threadIdx.x; i < count; i += kThreads) {
     const int64_t offset = ((n0 + i / per_plane) * p.channels + c) * p.plane;
-    const Packed<T, V> g = reinterpret_cast<const Packed<T, V>*>(grad_out + offset)[i % per_plane];
-    const Packed<T, V> v = reinterpret_cast<const Packed<T, V>*>(x + offset)[i % per_plane];
+    const Packed<T, V> g = load_packed<T, V>(grad_out + offset, i % per_plane);
+    const Packed<T, V> v = load_packed<T, V>(x + offset, i % per_plane);
+    Packed<T, V> out{};
+    if (y) out = load_packed<T, V>(y + offset, i % per_plane);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const S dy = static_cast<S>(to_acc(g.v[k]));
+      const S dy = masked_grad<T>(g.v[k], out.v[k], y != nullptr);
       sum_dy += dy;
       sum_dy_xmu += dy * (static_cast<S>(to_acc(v.v[k])) - mu);
     }
@@ -186,31 +163,25 @@ __global__ void batch_norm_finalize_grads(const S* __restrict__ partial, int spl
   grad_weight[c] = sum_dy_xmu * invstd[c];
 }
 
-// dx = weight * invstd * (dy - sum(dy) / M - xhat * sum(dy * xhat) / M).
+// dx = weight * invstd * (dy - sum(dy) / M - xhat * sum(dy * xhat) / M), dy masked by ReLU's
+// output y where y is not null; grad_residual (if not null) = the masked dy.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    batch_norm_backward_apply(const T* __restrict__ grad_out, const T* __restrict__ x, T* __restrict__ grad_x,
+    batch_norm_backward_apply(const T* __restrict__ grad_out, const T* __restrict__ x, const T* __restrict__ y,
+                              T* __restrict__ grad_x, T* __restrict__ grad_residual,
                               const stat_t<acc_t<T>>* __restrict__ mean, const stat_t<acc_t<T>>* __restrict__ invstd,
                               const stat_t<acc_t<T>>* __restrict__ weight,
                               const stat_t<acc_t<T>>* __restrict__ grad_weight,
                               const stat_t<acc_t<T>>* __restrict__ grad_bias, int64_t m, int64_t vectors, Planes p) {
   using S = stat_t<acc_t<T>>;
   const int64_t per_plane = p.plane / V;
-  const S inv_m = S(1) / static_cast<S>(m);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < vectors;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t c = (i / per_plane) % p.channels;
-    const S is = invstd[c], mu = mean[c];
-    const S scale = weight[c] * is, mean_dy = grad_bias[c] * inv_m, k = grad_weight[c] * is * inv_m;
-    const Packed<T, V> g = reinterpret_cast<const Packed<T, V>*>(grad_out)[i];
-    const Packed<T, V> v = reinterpret_cast<const Packed<T, V>*>(x)[i];
-    Packed<T, V> o;
-#pragma unroll
-    for (int k2 = 0; k2 < V; ++k2) {
-      const S xmu = static_cast<S>(to_acc(v.v[k2])) - mu;
-      o.v[k2] = cast_to<T>(scale * (static_cast<S>(to_acc(g.v[k2])) - mean_dy - xmu * k));
-    }
-    reinterpret_cast<Packed<T, V>*>(grad_x)[i] = o;
+    const BackwardCoefficients<S> b =
+        backward_coefficients<S>(weight[c], invstd[c], mean[c], grad_weight[c], grad_bias[c], m);
+    backward_packet<T, V>(grad_out, x, y, grad_x, grad_residual, i,
+                          [&](int) -> BackwardCoefficients<S> { return b; });
   }
 }
 
@@ -218,9 +189,7 @@ __global__ void __launch_bounds__(kThreads)
 // but no fewer than about 4096 values per block.
 Planes plan(const Tensor& x, int device) {
   const int64_t n = x.shape()[0], c = x.shape()[1], plane = x.shape()[2] * x.shape()[3];
-  int sms = 0;
-  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t wanted = std::max<int64_t>(1, (4LL * std::max(sms, 1) + c - 1) / c);
+  const int64_t wanted = std::max<int64_t>(1, (4LL * multiprocessors(device) + c - 1) / c);
   const int64_t by_size = std::max<int64_t>(1, n * plane / 4096);
   const int64_t splits = std::min({n, wanted, by_size});
   return Planes{c, plane, (n + splits - 1) / splits};
@@ -228,36 +197,25 @@ Planes plan(const Tensor& x, int device) {
 
 int64_t splits_of(const Tensor& x, const Planes& p) { return (x.shape()[0] + p.images_per_split - 1) / p.images_per_split; }
 
-// 16 bytes per load where every plane allows it (H * W a multiple of V and aligned data).
-template <typename T>
-bool vectorisable(int64_t plane, std::initializer_list<const void*> pointers) {
-  constexpr int V = 16 / sizeof(T);
-  if (plane % V != 0) return false;
-  for (const void* q : pointers)
-    if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
-  return true;
-}
-
 unsigned apply_blocks(int64_t vectors, int device) {
-  int sms = 0;
-  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((vectors + kThreads - 1) / kThreads, 8LL * sms)));
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>((vectors + kThreads - 1) / kThreads, 8LL * multiprocessors(device))));
 }
 
 template <typename T, int V>
-void apply(const Tensor& x, const Tensor& out, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
-           const Tensor& bias, const Planes& p, cudaStream_t stream) {
+void apply(const Tensor& x, const Tensor& residual, bool relu, const Tensor& out, const Tensor& mean,
+           const Tensor& invstd, const Tensor& weight, const Tensor& bias, const Planes& p, cudaStream_t stream) {
   using S = stat_t<acc_t<T>>;
   const int64_t vectors = x.numel() / V;
   batch_norm_apply<T, V><<<apply_blocks(vectors, x.device().index), kThreads, 0, stream>>>(
-      device_ptr<const T>(x), device_ptr<T>(out), device_ptr<const S>(mean), device_ptr<const S>(invstd),
-      device_ptr<const S>(weight), device_ptr<const S>(bias), vectors, p);
+      device_ptr<const T>(x), ptr_or_null<T>(residual), relu, device_ptr<T>(out), device_ptr<const S>(mean),
+      device_ptr<const S>(invstd), device_ptr<const S>(weight), device_ptr<const S>(bias), vectors, p);
 }
 
 template <typename T>
 void forward_training_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                            const Tensor& running_var, const Tensor& out, const Tensor& save_mean,
-                            const Tensor& save_invstd, double momentum, double eps) {
+                            const Tensor& running_var, const Tensor& residual, bool relu, const Tensor& out,
+                            const Tensor& save_mean, const Tensor& save_invstd, double momentum, double eps) {
   using S = stat_t<acc_t<T>>;
   constexpr int V = 16 / sizeof(T);
   const int device = x.device().index;
@@ -266,7 +224,7 @@ void forward_training_typed(const Tensor& x, const Tensor& weight, const Tensor&
   const int64_t splits = splits_of(x, p), channels = p.channels, m = x.numel() / channels;
   Tensor partial = empty({channels, splits, 2}, TensorOptions(save_mean.dtype(), x.device()));  // (C, splits, 2)
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(channels));
-  const bool vec = vectorisable<T>(p.plane, {x.data_ptr(), out.data_ptr()});
+  const bool vec = vectorisable<T>(p.plane, {x.data_ptr(), out.data_ptr(), ptr_or_null<T>(residual)});
   if (vec) {
     batch_norm_partial_stats<T, V><<<grid, kThreads, 0, stream>>>(device_ptr<const T>(x), device_ptr<S>(partial),
                                                                    x.shape()[0], p);
@@ -278,13 +236,14 @@ void forward_training_typed(const Tensor& x, const Tensor& weight, const Tensor&
       device_ptr<const T>(x), device_ptr<const S>(partial), static_cast<int>(splits), channels, p.plane, m, momentum,
       eps, device_ptr<S>(running_mean), device_ptr<S>(running_var), device_ptr<S>(save_mean),
       device_ptr<S>(save_invstd));
-  if (vec) apply<T, V>(x, out, save_mean, save_invstd, weight, bias, p, stream);
-  else apply<T, 1>(x, out, save_mean, save_invstd, weight, bias, p, stream);
+  if (vec) apply<T, V>(x, residual, relu, out, save_mean, save_invstd, weight, bias, p, stream);
+  else apply<T, 1>(x, residual, relu, out, save_mean, save_invstd, weight, bias, p, stream);
 }
 
 template <typename T>
 void forward_inference_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                             const Tensor& running_var, const Tensor& out, double eps) {
+                             const Tensor& running_var, const Tensor& residual, bool relu, const Tensor& out,
+                             double eps) {
   using S = stat_t<acc_t<T>>;
   constexpr int V = 16 / sizeof(T);
   cudaStream_t stream = stream_of(x);
@@ -292,75 +251,102 @@ void forward_inference_typed(const Tensor& x, const Tensor& weight, const Tensor
   Tensor invstd = empty({p.channels}, running_var.options());  // (C,)
   batch_norm_invstd<S><<<static_cast<unsigned>((p.channels + 127) / 128), 128, 0, stream>>>(
       device_ptr<const S>(running_var), device_ptr<S>(invstd), p.channels, eps);
-  if (vectorisable<T>(p.plane, {x.data_ptr(), out.data_ptr()})) apply<T, V>(x, out, running_mean, invstd, weight, bias, p, stream);
-  else apply<T, 1>(x, out, running_mean, invstd, weight, bias, p, stream);
+  if (vectorisable<T>(p.plane, {x.data_ptr(), out.data_ptr(), ptr_or_null<T>(residual)})) {
+    apply<T, V>(x, residual, relu, out, running_mean, invstd, weight, bias, p, stream);
+  } else {
+    apply<T, 1>(x, residual, relu, out, running_mean, invstd, weight, bias, p, stream);
+  }
 }
 
 template <typename T, int V>
 void backward_launch(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                     const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_weight,
-                     const Tensor& grad_bias, const Planes& p, cudaStream_t stream) {
+                     const Tensor& save_invstd, const Tensor& relu_out, const Tensor& grad_x,
+                     const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_residual, const Planes& p,
+                     cudaStream_t stream) {
   using S = stat_t<acc_t<T>>;
   const int64_t splits = splits_of(x, p), channels = p.channels, m = x.numel() / channels;
   Tensor partial = empty({channels, splits, 2}, TensorOptions(save_mean.dtype(), x.device()));  // (C, splits, 2)
   batch_norm_partial_grads<T, V><<<dim3(static_cast<unsigned>(splits), static_cast<unsigned>(channels)), kThreads, 0,
                                    stream>>>(device_ptr<const T>(grad_out), device_ptr<const T>(x),
-                                             device_ptr<const S>(save_mean), device_ptr<S>(partial), x.shape()[0], p);
+                                             ptr_or_null<T>(relu_out), device_ptr<const S>(save_mean),
+                                             device_ptr<S>(partial), x.shape()[0], p);
   batch_norm_finalize_grads<S><<<static_cast<unsigned>((channels + 127) / 128), 128, 0, stream>>>(
       device_ptr<const S>(partial), static_cast<int>(splits), channels, device_ptr<const S>(save_invstd),
       device_ptr<S>(grad_weight), device_ptr<S>(grad_bias));
   const int64_t vectors = x.numel() / V;
   batch_norm_backward_apply<T, V><<<apply_blocks(vectors, x.device().index), kThreads, 0, stream>>>(
-      device_ptr<const T>(grad_out), device_ptr<const T>(x), device_ptr<T>(grad_x), device_ptr<const S>(save_mean),
+      device_ptr<const T>(grad_out), device_ptr<const T>(x), ptr_or_null<T>(relu_out), device_ptr<T>(grad_x),
+      grad_residual.defined() ? device_ptr<T>(grad_residual) : nullptr, device_ptr<const S>(save_mean),
       device_ptr<const S>(save_invstd), device_ptr<const S>(weight), device_ptr<const S>(grad_weight),
       device_ptr<const S>(grad_bias), m, vectors, p);
 }
 
 template <typename T>
 void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                    const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_weight,
-                    const Tensor& grad_bias) {
+                    const Tensor& save_invstd, const Tensor& relu_out, const Tensor& grad_x,
+                    const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_residual) {
   constexpr int V = 16 / sizeof(T);
   const Planes p = plan(x, x.device().index);
-  if (vectorisable<T>(p.plane, {grad_out.data_ptr(), x.data_ptr(), grad_x.data_ptr()})) {
-    backward_launch<T, V>(grad_out, x, weight, save_mean, save_invstd, grad_x, grad_weight, grad_bias, p, stream_of(x));
+  const void* residual_ptr = grad_residual.defined() ? grad_residual.data_ptr() : nullptr;
+  if (vectorisable<T>(p.plane, {grad_out.data_ptr(), x.data_ptr(), grad_x.data_ptr(), ptr_or_null<T>(relu_out),
+                                residual_ptr})) {
+    backward_launch<T, V>(grad_out, x, weight, save_mean, save_invstd, relu_out, grad_x, grad_weight, grad_bias,
+                          grad_residual, p, stream_of(x));
   } else {
-    backward_launch<T, 1>(grad_out, x, weight, save_mean, save_invstd, grad_x, grad_weight, grad_bias, p, stream_of(x));
+    backward_launch<T, 1>(grad_out, x, weight, save_mean, save_invstd, relu_out, grad_x, grad_weight, grad_bias,
+                          grad_residual, p, stream_of(x));
   }
 }
 
 }  // namespace
 
+// Entry points: NCHW-contiguous x runs the kernels above, channels-last x those of batch_norm_nhwc.cu.
 void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                                 const Tensor& running_var, const Tensor& out, const Tensor& save_mean,
-                                 const Tensor& save_invstd, double momentum, double eps) {
+                                 const Tensor& running_var, const Tensor& residual, bool relu, const Tensor& out,
+                                 const Tensor& save_mean, const Tensor& save_invstd, double momentum, double eps) {
+  if (!x.is_contiguous()) {
+    batch_norm_nhwc_forward_training(x, weight, bias, running_mean, running_var, residual, relu, out, save_mean,
+                                     save_invstd, momentum, eps);
+    return;
+  }
   NvtxRange range("batch_norm");
   DeviceGuard guard(x.device().index);
   dispatch_floating(x.dtype(), "batch_norm", "cuda", [&](auto tag) {
-    forward_training_typed<device_t<decltype(tag)>>(x, weight, bias, running_mean, running_var, out, save_mean,
-                                                    save_invstd, momentum, eps);
+    forward_training_typed<device_t<decltype(tag)>>(x, weight, bias, running_mean, running_var, residual, relu, out,
+                                                    save_mean, save_invstd, momentum, eps);
   });
   check_launch("batch_norm");
 }
 
 void batch_norm_forward_inference(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                                  const Tensor& running_var, const Tensor& out, double eps) {
+                                  const Tensor& running_var, const Tensor& residual, bool relu, const Tensor& out,
+                                  double eps) {
+  if (!x.is_contiguous()) {
+    batch_norm_nhwc_forward_inference(x, weight, bias, running_mean, running_var, residual, relu, out, eps);
+    return;
+  }
   NvtxRange range("batch_norm");
   DeviceGuard guard(x.device().index);
   dispatch_floating(x.dtype(), "batch_norm", "cuda", [&](auto tag) {
-    forward_inference_typed<device_t<decltype(tag)>>(x, weight, bias, running_mean, running_var, out, eps);
+    forward_inference_typed<device_t<decltype(tag)>>(x, weight, bias, running_mean, running_var, residual, relu, out,
+                                                     eps);
   });
   check_launch("batch_norm");
 }
 
 void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                         const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_weight,
-                         const Tensor& grad_bias) {
+                         const Tensor& save_invstd, const Tensor& relu_out, const Tensor& grad_x,
+                         const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_residual) {
+  if (!x.is_contiguous()) {
+    batch_norm_nhwc_backward(grad_out, x, weight, save_mean, save_invstd, relu_out, grad_x, grad_weight, grad_bias,
+                             grad_residual);
+    return;
+  }
   NvtxRange range("batch_norm_backward");
   DeviceGuard guard(x.device().index);
   dispatch_floating(x.dtype(), "batch_norm_backward", "cuda", [&](auto tag) {
-    backward_typed<device_t<decltype(tag)>>(grad_out, x, weight, save_mean, save_invstd, grad_x, grad_weight,
-                                            grad_bias);
+    backward_typed<device_t<decltype(tag)>>(grad_out, x, weight, save_mean, save_invstd, relu_out, grad_x,
+                                            grad_weight, grad_bias, grad_residual);
   });
   check_launch("batch_norm_backward");
 }

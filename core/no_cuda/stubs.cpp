@@ -119,15 +119,15 @@ void pool2d_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
   no_cuda("pool2d_backward");
 }
 void batch_norm_forward_training(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                 const Tensor&, const Tensor&, const Tensor&, double, double) {
+                                 const Tensor&, bool, const Tensor&, const Tensor&, const Tensor&, double, double) {
   no_cuda("batch_norm");
 }
 void batch_norm_forward_inference(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                  const Tensor&, double) {
+                                  const Tensor&, bool, const Tensor&, double) {
   no_cuda("batch_norm");
 }
 void batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const Tensor&) {
+                         const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   no_cuda("batch_norm_backward");
 }
 void sgd_step(const UpdateTensors&, const SgdHyper&) { no_cuda("sgd_step"); }

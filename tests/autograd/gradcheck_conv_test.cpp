@@ -138,6 +138,67 @@ TEST(GradcheckConv, BatchNormEval) {
       (Inputs{x, w, b}));
 }
 
+// relu(batch_norm(x) + residual) as one node: every combination of residual and ReLU, in training
+// and evaluation, the residual's gradient included.
+TEST(GradcheckConv, BatchNormActFusedResidualAndRelu) {
+  for (bool training : {true, false}) {
+    for (bool with_residual : {false, true}) {
+      for (bool relu : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "training=" << training << " residual=" << with_residual << " relu=" << relu);
+        auto x = random_leaf({3, 2, 3, 2}), w = random_leaf({2}), b = random_leaf({2}), r = random_leaf({3, 2, 3, 2});
+        BatchNormState s = fresh_running_stats(2);
+        Inputs inputs{x, w, b};
+        if (with_residual) inputs.push_back(r);
+        EXPECT_GRADCHECK(
+            [s, training, relu](const Inputs& v) {
+              Tensor residual = v.size() > 3 ? v[3] : Tensor();
+              return batch_norm_act(v[0], v[1], v[2], s.running_mean, s.running_var, training, 0.1, 1e-5, residual,
+                                    relu);
+            },
+            inputs);
+      }
+    }
+  }
+}
+
+// A channels-last input (an (N, H, W, C) leaf seen as (N, C, H, W)) and residual.
+TEST(GradcheckConv, BatchNormActChannelsLast) {
+  auto x = random_leaf({3, 2, 3, 4}), w = random_leaf({4}), b = random_leaf({4}), r = random_leaf({3, 2, 3, 4});
+  BatchNormState s = fresh_running_stats(4);
+  EXPECT_GRADCHECK(
+      [s](const Inputs& v) {
+        Tensor x_cl = permute(v[0], {0, 3, 1, 2}), r_cl = permute(v[3], {0, 3, 1, 2});  // (N, C, H, W), NHWC memory
+        return batch_norm_act(x_cl, v[1], v[2], s.running_mean, s.running_var, true, 0.1, 1e-5, r_cl, true);
+      },
+      (Inputs{x, w, b, r}));
+  EXPECT_GRADCHECK(
+      [s](const Inputs& v) {
+        return batch_norm(permute(v[0], {0, 3, 1, 2}), v[1], v[2], s.running_mean, s.running_var, true, 0.1, 1e-5);
+      },
+      (Inputs{x, w, b}));
+}
+
+// The fused op's values and gradients are those of batch_norm, add and relu one after the other.
+TEST(GradcheckConv, BatchNormActEqualsSeparateOps) {
+  auto x = random_leaf({4, 3, 2, 3}), w = random_leaf({3}), b = random_leaf({3}), r = random_leaf({4, 3, 2, 3});
+  Tensor direction = testing::random_tensor({4, 3, 2, 3});
+  BatchNormState s1 = fresh_running_stats(3);
+  BatchNormState s2{clone(s1.running_mean), clone(s1.running_var)};
+  Inputs fused_in{x, w, b, r}, plain_in;
+  for (const Tensor& t : fused_in) plain_in.push_back(t.detach().requires_grad_());
+  Tensor fused = batch_norm_act(x, w, b, s1.running_mean, s1.running_var, true, 0.1, 1e-5, r, true);
+  sum(mul(fused, direction)).backward();
+  Tensor plain =
+      relu(add(batch_norm(plain_in[0], plain_in[1], plain_in[2], s2.running_mean, s2.running_var, true, 0.1, 1e-5),
+               plain_in[3]));
+  sum(mul(plain, direction)).backward();
+  EXPECT_TRUE(testing::all_close(fused, plain, 0.0, 0.0));
+  for (size_t i = 0; i < fused_in.size(); ++i) {
+    EXPECT_TRUE(testing::all_close(fused_in[i].grad(), plain_in[i].grad(), 1e-12, 1e-12)) << "gradient " << i;
+  }
+}
+
 TEST(GradcheckConv, BatchNormRunningStatisticsAreBuffers) {
   auto x = random_leaf({4, 2, 2, 2}), w = random_leaf({2}), b = random_leaf({2});
   BatchNormState s = fresh_running_stats(2);
