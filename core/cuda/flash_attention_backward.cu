@@ -22,24 +22,6 @@ using namespace flash;
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// delta[row] = sum_d grad_out[row, d] * out[row, d]; one warp per (b, h, query) row.
-__global__ void attention_delta_kernel(Params p, int64_t rows) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int bh = static_cast<int>(row / p.tq), query = static_cast<int>(row % p.tq);
-  const int b = bh / p.heads, h = bh % p.heads;
-  const float* dy = p.grad_out.row(b, h, query);  // (D,)
-  const float* y = p.out.row(b, h, query);        // (D,)
-  float sum = 0.f;
-  for (int c = 4 * (threadIdx.x & 31); c < p.d; c += 128) {
-    const float4 a = *reinterpret_cast<const float4*>(dy + c), o = *reinterpret_cast<const float4*>(y + c);
-    sum += a.x * o.x + a.y * o.y + a.z * o.z + a.w * o.w;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if ((threadIdx.x & 31) == 0) p.delta[row] = sum;
-}
-
 template <int kD, bool kExact>
 __global__ void __launch_bounds__(kThreads) attention_grad_q_kernel(Params p, int q_tiles) {
   constexpr int kP = pitch<kD>(), kC = inner_cols<kD>();
@@ -222,11 +204,7 @@ void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
   p.lse = device_ptr<float>(lse);
   p.delta = device_ptr<float>(delta);
 
-  const int64_t rows = s[0] * s[1] * s[2];
-  constexpr int kRowsPerBlock = 8;
-  attention_delta_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
-                           stream>>>(p, rows);
-  check_launch("flash_attention_backward (delta)");
+  launch_delta(p, s[0] * s[1] * s[2], stream);
   const int batch_heads = static_cast<int>(s[0] * s[1]);
   if (matmul_precision() == MatmulPrecision::high) launch_backward_for<false>(p, batch_heads, stream);
   else launch_backward_for<true>(p, batch_heads, stream);

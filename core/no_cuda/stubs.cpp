@@ -147,5 +147,13 @@ void flash_attention_backward(const Tensor&, const Tensor&, const Tensor&, const
                               const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
   no_cuda("flash_attention_backward");
 }
+void flash_attention_half_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool,
+                                  double) {
+  no_cuda("flash_attention_half_forward");
+}
+void flash_attention_half_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                   const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
+  no_cuda("flash_attention_half_backward");
+}
 
 }  // namespace tandem::cuda

@@ -1,0 +1,123 @@
+// 16-bit (bf16, f16) flash attention, forward: out = softmax(scale * q k^T [+ causal mask]) v
+// without the (Tq x Tk) matrix in memory, on the tensor cores (flash_attention_half.cuh). A block
+// owns 64 queries of one (batch, head), four warps of 16; keys and values stream through shared
+// memory 64 at a time, the next tile loading (cp.async) while the current one is used. Scores,
+// the online softmax's statistics and the output accumulate in f32; the probabilities are rounded
+// to the 16-bit type for the P v product, as in FlashAttention. Writes the output and each
+// query's f32 log-sum-exp, the same quantity as the f32 kernels and cuDNN's "stats", so either
+// backward can follow either forward.
+#include <cmath>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/flash_attention_half.cuh"
+
+namespace tandem::cuda {
+
+namespace {
+
+using namespace flash16;
+
+constexpr int kKeyCols = 64;  // keys per streamed tile
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads) attention_half_forward_kernel(ParamsOf<T> p, int q_tiles) {
+  constexpr int kP = pitch<kD>(), kC = kKeyCols;
+  extern __shared__ float4 shared_memory[];
+  T* sq = reinterpret_cast<T*>(shared_memory);  // (64, kP) this block's queries
+  T* sk = sq + kTileRows * kP;                   // (2, kC, kP) keys, double-buffered
+  T* sv = sk + 2 * kC * kP;                      // (2, kC, kP) values, double-buffered
+
+  // Causal blocks with more keys to visit (the last query tiles) start first.
+  const int batch_heads = gridDim.x / q_tiles;
+  const int bh = blockIdx.x % batch_heads, tile = q_tiles - 1 - blockIdx.x / batch_heads;
+  const int b = bh / p.heads, h = bh % p.heads, q0 = tile * kTileRows;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int row0 = 16 * warp;  // this warp's rows in the tile: row0 + g and row0 + g + 8
+  const int k_end = p.causal ? min(p.tk, q0 + kTileRows) : p.tk;  // later keys are masked for all
+  const int key_tiles = (k_end + kC - 1) / kC;
+
+  load_tile_async<kD>(sq, p.q, b, h, q0, kTileRows, p.tq, p.d);
+  load_tile_async<kD>(sk, p.k, b, h, 0, kC, p.tk, p.d);
+  load_tile_async<kD>(sv, p.v, b, h, 0, kC, p.tk, p.d);
+  cp_async_commit();
+
+  float o[kD / 8][4] = {};              // (16, kD) unnormalised output rows
+  float m[2] = {-INFINITY, -INFINITY};  // running max of rows g and g + 8 (base-2 scores)
+  float l[2] = {0.f, 0.f};              // this thread's share of their running sums
+  for (int j = 0; j < key_tiles; ++j) {
+    const int k0 = j * kC;
+    if (j + 1 < key_tiles) {  // the next tile into the other buffer, while this one is used
+      const int next = (j + 1) & 1;
+      load_tile_async<kD>(sk + next * kC * kP, p.k, b, h, k0 + kC, kC, p.tk, p.d);
+      load_tile_async<kD>(sv + next * kC * kP, p.v, b, h, k0 + kC, kC, p.tk, p.d);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* keys = sk + (j & 1) * kC * kP;    // (kC, kP)
+    const T* values = sv + (j & 1) * kC * kP;  // (kC, kP)
+    if (!p.causal || k0 <= q0 + row0 + 15) {   // else every key of the tile is after this warp's queries
+      float s[kC / 8][4] = {};                 // (16, kC) scores, then probabilities
+      mma_rows_by_transposed<T, kC / 8, kD, kP>(s, sq, row0, keys);
+      float alpha[2];
+      flash::online_softmax_step<kC / 8>(s, m, l, alpha, p, k0, q0 + row0);
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) o[n][r] *= alpha[r >> 1];
+      }
+      mma_acc_by_rows<T, kD / 8, kC / 8, kP>(o, s, values);
+    }
+    __syncthreads();  // every warp is done with this buffer before it is loaded again
+  }
+
+  flash::finish_row_sums(l);
+  T* rows[2];
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int query = q0 + row0 + g + 8 * i;
+    rows[i] = query < p.tq ? p.out.row(b, h, query) : nullptr;
+    inv[i] = 1.f / l[i];
+    if (t == 0 && query < p.tq) p.lse[static_cast<int64_t>(bh) * p.tq + query] = (m[i] + log2f(l[i])) * 0.69314718056f;
+  }
+  store_rows<T, kD / 8>(o, rows, inv, p.d);
+}
+
+template <typename T, int kD>
+void launch_forward(const ParamsOf<T>& p, int batch_heads, cudaStream_t stream) {
+  const size_t shared = static_cast<size_t>(kTileRows + 4 * kKeyCols) * pitch<kD>() * sizeof(T);
+  static const bool configured = (flash::allow_shared(attention_half_forward_kernel<T, kD>, shared), true);
+  (void)configured;
+  const int q_tiles = (p.tq + kTileRows - 1) / kTileRows;
+  attention_half_forward_kernel<T, kD><<<q_tiles * batch_heads, kThreads, shared, stream>>>(p, q_tiles);
+}
+
+template <typename T>
+void launch_forward_for(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        bool causal, double scale) {
+  ParamsOf<T> p = flash::make_params<T>(q, k, v, causal, scale);
+  p.out = flash::strided<T>(out);
+  p.lse = device_ptr<float>(lse);
+  const int batch_heads = static_cast<int>(q.shape()[0] * q.shape()[1]);
+  cudaStream_t stream = stream_of(q);
+  if (p.d <= 32) launch_forward<T, 32>(p, batch_heads, stream);
+  else if (p.d <= 64) launch_forward<T, 64>(p, batch_heads, stream);
+  else launch_forward<T, 128>(p, batch_heads, stream);
+}
+
+}  // namespace
+
+void flash_attention_half_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, bool causal, double scale) {
+  NvtxRange range("flash_attention_half_forward");
+  DeviceGuard guard(q.device().index);
+  if (q.dtype() == DType::bf16) launch_forward_for<__nv_bfloat16>(q, k, v, out, lse, causal, scale);
+  else launch_forward_for<__half>(q, k, v, out, lse, causal, scale);
+  check_launch("flash_attention_half_forward");
+}
+
+}  // namespace tandem::cuda
