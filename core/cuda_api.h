@@ -115,6 +115,8 @@ MatmulPrecision matmul_precision();
 enum class AttentionKernels { automatic, flash, cudnn };
 void set_attention_kernels(AttentionKernels kernels);
 AttentionKernels attention_kernels();
+// Whether this build has cuDNN's fused attention (cuDNN and its frontend headers).
+bool cudnn_attention_built();
 
 // Convolutions: time every cuDNN algorithm once per shape and keep the fastest (like
 // torch.backends.cudnn.benchmark), instead of taking cuDNN's heuristic choice. Off by default.

@@ -256,6 +256,18 @@ void launch_delta(const ParamsOf<T>& p, int64_t rows, cudaStream_t stream) {
   check_launch("flash attention backward (delta)");
 }
 
+// Launches the backward's dQ pass (a block per kTileRows queries of each (batch, head)) and its
+// dK/dV pass (a block per kTileRows keys), with the shared memory each was allowed.
+template <typename T, typename QKernel, typename KvKernel>
+void launch_backward_passes(const ParamsOf<T>& p, int batch_heads, cudaStream_t stream, QKernel q_kernel,
+                            size_t q_shared, KvKernel kv_kernel, size_t kv_shared, const char* name) {
+  const int q_tiles = (p.tq + kTileRows - 1) / kTileRows, k_tiles = (p.tk + kTileRows - 1) / kTileRows;
+  q_kernel<<<q_tiles * batch_heads, kThreads, q_shared, stream>>>(p, q_tiles);
+  check_launch(name);
+  kv_kernel<<<k_tiles * batch_heads, kThreads, kv_shared, stream>>>(p, k_tiles);
+  check_launch(name);
+}
+
 // Host side: a (B, H, T, D) tensor with last stride 1 as the kernels address it.
 template <typename T = float>
 inline Strided<T> strided(const Tensor& x) {

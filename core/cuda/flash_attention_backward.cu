@@ -170,11 +170,8 @@ void launch_backward(const Params& p, int batch_heads, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  const int q_tiles = (p.tq + kTileRows - 1) / kTileRows, k_tiles = (p.tk + kTileRows - 1) / kTileRows;
-  attention_grad_q_kernel<kD, kExact><<<q_tiles * batch_heads, kThreads, q_shared, stream>>>(p, q_tiles);
-  check_launch("flash_attention_backward (dq)");
-  attention_grad_kv_kernel<kD, kExact><<<k_tiles * batch_heads, kThreads, kv_shared, stream>>>(p, k_tiles);
-  check_launch("flash_attention_backward (dk, dv)");
+  launch_backward_passes(p, batch_heads, stream, attention_grad_q_kernel<kD, kExact>, q_shared,
+                         attention_grad_kv_kernel<kD, kExact>, kv_shared, "flash_attention_backward");
 }
 
 template <bool kExact>

@@ -25,12 +25,10 @@
 
 namespace tandem::cuda::flash16 {
 
+using flash::kThreads;
+using flash::kTileRows;  // rows (queries or keys) a block owns, 16 per warp
 using flash::ParamsOf;
 using flash::Strided;
-
-constexpr int kWarps = 4;               // warps per block, each owning 16 rows of the block's tile
-constexpr int kThreads = 32 * kWarps;
-constexpr int kTileRows = 16 * kWarps;  // rows (queries or keys) a block owns
 
 template <int kD>
 constexpr int pitch() {
@@ -60,6 +58,20 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Before a kernel uses streamed tile j of `tiles`: starts loading tile j + 1 into the other buffer
+// (load(j + 1)), waits for tile j, and makes it visible to the whole block.
+template <typename Load>
+__device__ __forceinline__ void prefetch_next_and_wait(int j, int tiles, Load load) {
+  if (j + 1 < tiles) {
+    load(j + 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
 }
 
 // Starts loading rows [row0, row0 + rows) of one (b, h) slice of x (T, D) into tile (rows, pitch):

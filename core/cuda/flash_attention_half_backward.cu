@@ -48,10 +48,13 @@ __global__ void __launch_bounds__(kThreads) attention_half_grad_q_kernel(ParamsO
   const int k_end = p.causal ? min(p.tk, q0 + kTileRows) : p.tk;
   const int key_tiles = (k_end + kC - 1) / kC;
 
+  auto load_keys = [&](int j) {  // key tile j into buffer j % 2
+    load_tile_async<kD>(sk + (j & 1) * kC * kP, p.k, b, h, j * kC, kC, p.tk, p.d);
+    load_tile_async<kD>(sv + (j & 1) * kC * kP, p.v, b, h, j * kC, kC, p.tk, p.d);
+  };
   load_tile_async<kD>(sq, p.q, b, h, q0, kTileRows, p.tq, p.d);
   load_tile_async<kD>(sdo, p.grad_out, b, h, q0, kTileRows, p.tq, p.d);
-  load_tile_async<kD>(sk, p.k, b, h, 0, kC, p.tk, p.d);
-  load_tile_async<kD>(sv, p.v, b, h, 0, kC, p.tk, p.d);
+  load_keys(0);
   cp_async_commit();
   float lse2[2], delta[2];  // rows g and g + 8: log-sum-exp in base 2, and delta
 #pragma unroll
@@ -65,16 +68,7 @@ __global__ void __launch_bounds__(kThreads) attention_half_grad_q_kernel(ParamsO
   float dq[kD / 8][4] = {};  // (16, kD)
   for (int j = 0; j < key_tiles; ++j) {
     const int k0 = j * kC;
-    if (j + 1 < key_tiles) {
-      const int next = (j + 1) & 1;
-      load_tile_async<kD>(sk + next * kC * kP, p.k, b, h, k0 + kC, kC, p.tk, p.d);
-      load_tile_async<kD>(sv + next * kC * kP, p.v, b, h, k0 + kC, kC, p.tk, p.d);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    prefetch_next_and_wait(j, key_tiles, load_keys);
     const T* keys = sk + (j & 1) * kC * kP;    // (kC, kP)
     const T* values = sv + (j & 1) * kC * kP;  // (kC, kP)
     if (!p.causal || k0 <= q0 + row0 + 15) {
@@ -127,7 +121,8 @@ __global__ void __launch_bounds__(kThreads) attention_half_grad_kv_kernel(Params
   const int q_begin = p.causal ? k0 : 0;  // earlier queries see none of these keys
   const int query_tiles = (p.tq - q_begin + kC - 1) / kC;
 
-  auto load_queries = [&](int buffer, int q0) {
+  auto load_queries = [&](int j) {  // query tile j into buffer j % 2
+    const int buffer = j & 1, q0 = q_begin + j * kC;
     load_tile_async<kD>(sq + buffer * kC * kP, p.q, b, h, q0, kC, p.tq, p.d);
     load_tile_async<kD>(sdo + buffer * kC * kP, p.grad_out, b, h, q0, kC, p.tq, p.d);
     load_row_async(slse + buffer * kC, p.lse, bh, p.tq, q0, kC);
@@ -135,21 +130,14 @@ __global__ void __launch_bounds__(kThreads) attention_half_grad_kv_kernel(Params
   };
   load_tile_async<kD>(sk, p.k, b, h, k0, kTileRows, p.tk, p.d);
   load_tile_async<kD>(sv, p.v, b, h, k0, kTileRows, p.tk, p.d);
-  load_queries(0, q_begin);
+  load_queries(0);
   cp_async_commit();
 
   float dk[kD / 8][4] = {};  // (16, kD)
   float dv[kD / 8][4] = {};  // (16, kD)
   for (int j = 0; j < query_tiles; ++j) {
     const int q0 = q_begin + j * kC;
-    if (j + 1 < query_tiles) {
-      load_queries((j + 1) & 1, q0 + kC);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    prefetch_next_and_wait(j, query_tiles, load_queries);
     const T* queries = sq + (j & 1) * kC * kP;  // (kC, kP)
     const T* grads = sdo + (j & 1) * kC * kP;   // (kC, kP)
     const float* lse = slse + (j & 1) * kC;     // (kC,)
@@ -204,11 +192,8 @@ void launch_backward(const ParamsOf<T>& p, int batch_heads, cudaStream_t stream)
     return true;
   }();
   (void)configured;
-  const int q_tiles = (p.tq + kTileRows - 1) / kTileRows, k_tiles = (p.tk + kTileRows - 1) / kTileRows;
-  attention_half_grad_q_kernel<T, kD><<<q_tiles * batch_heads, kThreads, tiles_shared, stream>>>(p, q_tiles);
-  check_launch("flash_attention_half_backward (dq)");
-  attention_half_grad_kv_kernel<T, kD><<<k_tiles * batch_heads, kThreads, kv_shared, stream>>>(p, k_tiles);
-  check_launch("flash_attention_half_backward (dk, dv)");
+  flash::launch_backward_passes(p, batch_heads, stream, attention_half_grad_q_kernel<T, kD>, tiles_shared,
+                                attention_half_grad_kv_kernel<T, kD>, kv_shared, "flash_attention_half_backward");
 }
 
 template <typename T>

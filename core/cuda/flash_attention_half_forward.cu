@@ -37,9 +37,12 @@ __global__ void __launch_bounds__(kThreads) attention_half_forward_kernel(Params
   const int k_end = p.causal ? min(p.tk, q0 + kTileRows) : p.tk;  // later keys are masked for all
   const int key_tiles = (k_end + kC - 1) / kC;
 
+  auto load_keys = [&](int j) {  // key tile j into buffer j % 2
+    load_tile_async<kD>(sk + (j & 1) * kC * kP, p.k, b, h, j * kC, kC, p.tk, p.d);
+    load_tile_async<kD>(sv + (j & 1) * kC * kP, p.v, b, h, j * kC, kC, p.tk, p.d);
+  };
   load_tile_async<kD>(sq, p.q, b, h, q0, kTileRows, p.tq, p.d);
-  load_tile_async<kD>(sk, p.k, b, h, 0, kC, p.tk, p.d);
-  load_tile_async<kD>(sv, p.v, b, h, 0, kC, p.tk, p.d);
+  load_keys(0);
   cp_async_commit();
 
   float o[kD / 8][4] = {};              // (16, kD) unnormalised output rows
@@ -47,16 +50,7 @@ __global__ void __launch_bounds__(kThreads) attention_half_forward_kernel(Params
   float l[2] = {0.f, 0.f};              // this thread's share of their running sums
   for (int j = 0; j < key_tiles; ++j) {
     const int k0 = j * kC;
-    if (j + 1 < key_tiles) {  // the next tile into the other buffer, while this one is used
-      const int next = (j + 1) & 1;
-      load_tile_async<kD>(sk + next * kC * kP, p.k, b, h, k0 + kC, kC, p.tk, p.d);
-      load_tile_async<kD>(sv + next * kC * kP, p.v, b, h, k0 + kC, kC, p.tk, p.d);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    prefetch_next_and_wait(j, key_tiles, load_keys);  // the next tile loads while this one is used
     const T* keys = sk + (j & 1) * kC * kP;    // (kC, kP)
     const T* values = sv + (j & 1) * kC * kP;  // (kC, kP)
     if (!p.causal || k0 <= q0 + row0 + 15) {   // else every key of the tile is after this warp's queries
