@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads) attention_half_grad_q_kernel(ParamsO
   const int k_end = p.causal ? min(p.tk, q0 + kTileRows) : p.tk;
   const int key_tiles = (k_end + kC - 1) / kC;
 
-  auto load_keys = [&](int j) {  // key tile j into buffer j % 2
+  auto load_keys = [=](int j) {  // key tile j into buffer j % 2
     load_tile_async<kD>(sk + (j & 1) * kC * kP, p.k, b, h, j * kC, kC, p.tk, p.d);
     load_tile_async<kD>(sv + (j & 1) * kC * kP, p.v, b, h, j * kC, kC, p.tk, p.d);
   };
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) attention_half_grad_kv_kernel(Params
   const int q_begin = p.causal ? k0 : 0;  // earlier queries see none of these keys
   const int query_tiles = (p.tq - q_begin + kC - 1) / kC;
 
-  auto load_queries = [&](int j) {  // query tile j into buffer j % 2
+  auto load_queries = [=](int j) {  // query tile j into buffer j % 2
     const int buffer = j & 1, q0 = q_begin + j * kC;
     load_tile_async<kD>(sq + buffer * kC * kP, p.q, b, h, q0, kC, p.tq, p.d);
     load_tile_async<kD>(sdo + buffer * kC * kP, p.grad_out, b, h, q0, kC, p.tq, p.d);

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) attention_half_forward_kernel(Params
   const int k_end = p.causal ? min(p.tk, q0 + kTileRows) : p.tk;  // later keys are masked for all
   const int key_tiles = (k_end + kC - 1) / kC;
 
-  auto load_keys = [&](int j) {  // key tile j into buffer j % 2
+  auto load_keys = [=](int j) {  // key tile j into buffer j % 2
     load_tile_async<kD>(sk + (j & 1) * kC * kP, p.k, b, h, j * kC, kC, p.tk, p.d);
     load_tile_async<kD>(sv + (j & 1) * kC * kP, p.v, b, h, j * kC, kC, p.tk, p.d);
   };
