@@ -224,6 +224,62 @@ __device__ __forceinline__ void finish_row_sums(float (&l)[2]) {
   }
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The backward's statistics of a warp's query rows query0 + g and query0 + g + 8: log-sum-exp in
+// base 2 and delta, zeros past the sequence.
+template <typename T>
+__device__ __forceinline__ void load_row_statistics(const ParamsOf<T>& p, int bh, int query0, float (&lse2)[2],
+                                                    float (&delta)[2]) {
+  const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int query = query0 + g + 8 * i;
+    const int64_t at = static_cast<int64_t>(bh) * p.tq + query;
+    lse2[i] = query < p.tq ? p.lse[at] * kLog2e : 0.f;
+    delta[i] = query < p.tq ? p.delta[at] : 0.f;
+  }
+}
+
+// The dQ pass's softmax backward for a warp's query rows query0 + g and query0 + g + 8 against
+// kN8 * 8 keys from k0: s (C layout) holds q . k and becomes dS = P * (dp - delta), with P
+// recomputed from the base-2 log-sum-exp and masked keys (past tk or, causal, after the query) 0.
+template <int kN8, typename T>
+__device__ __forceinline__ void score_gradients(float (&s)[kN8][4], const float (&dp)[kN8][4], const float (&lse2)[2],
+                                                const float (&delta)[2], const ParamsOf<T>& p, int k0, int query0) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+  for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int key = k0 + 8 * n + 2 * t + (r & 1), query = query0 + g + 8 * (r >> 1);
+      const bool hidden = key >= p.tk || (p.causal && key > query);
+      const float prob = hidden ? 0.f : exp2f(s[n][r] * p.scale_log2 - lse2[r >> 1]);
+      s[n][r] = prob * (dp[n][r] - delta[r >> 1]);
+    }
+  }
+}
+
+// The dK/dV pass's probabilities for a warp's key rows key0 + g and key0 + g + 8 against kN8 * 8
+// queries from q0: st (C layout) holds k . q and becomes P^T = exp(scale k . q - lse[query]), with
+// lse (kN8 * 8,) the queries' natural log-sum-exp and masked queries (past tq or, causal, before
+// the key) 0.
+template <int kN8, typename T>
+__device__ __forceinline__ void transposed_probabilities(float (&st)[kN8][4], const float* lse, const ParamsOf<T>& p,
+                                                         int q0, int key0) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+  for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int col = 8 * n + 2 * t + (r & 1);
+      const int query = q0 + col, key = key0 + g + 8 * (r >> 1);
+      const bool hidden = query >= p.tq || (p.causal && key > query);
+      st[n][r] = hidden ? 0.f : exp2f(st[n][r] * p.scale_log2 - lse[col] * kLog2e);
+    }
+  }
+}
+
 // The backward's first pass: delta[row] = sum_d grad_out[row, d] * out[row, d] in f32 (the
 // softmax backward's correction term); one warp per (b, h, query) row, 16-byte loads.
 template <typename T>

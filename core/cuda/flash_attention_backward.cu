@@ -20,8 +20,6 @@ namespace {
 
 using namespace flash;
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 template <int kD, bool kExact>
 __global__ void __launch_bounds__(kThreads) attention_grad_q_kernel(Params p, int q_tiles) {
   constexpr int kP = pitch<kD>(), kC = inner_cols<kD>();
@@ -39,13 +37,7 @@ __global__ void __launch_bounds__(kThreads) attention_grad_q_kernel(Params p, in
   load_tile<kD>(sq, p.q, b, h, q0, kTileRows, p.tq, p.d);
   load_tile<kD>(sdo, p.grad_out, b, h, q0, kTileRows, p.tq, p.d);
   float lse2[2], delta[2];  // rows g and g + 8: log-sum-exp in base 2, and delta
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int query = q0 + row0 + g + 8 * i;
-    const int64_t at = static_cast<int64_t>(bh) * p.tq + query;
-    lse2[i] = query < p.tq ? p.lse[at] * kLog2e : 0.f;
-    delta[i] = query < p.tq ? p.delta[at] : 0.f;
-  }
+  load_row_statistics(p, bh, q0 + row0, lse2, delta);
 
   float dq[kD / 8][4] = {};  // (16, kD)
   const int k_end = p.causal ? min(p.tk, q0 + kTileRows) : p.tk;
@@ -60,16 +52,7 @@ __global__ void __launch_bounds__(kThreads) attention_grad_q_kernel(Params p, in
     float dp[kC / 8][4] = {};  // (16, kC) dO v^T
     mma_rows_by_transposed<kExact, kC / 8, kD, kP>(s, sq, row0, sk, 0);
     mma_rows_by_transposed<kExact, kC / 8, kD, kP>(dp, sdo, row0, sv, 0);
-#pragma unroll
-    for (int n = 0; n < kC / 8; ++n) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int key = k0 + 8 * n + 2 * t + (r & 1), query = q0 + row0 + g + 8 * (r >> 1);
-        const bool hidden = key >= p.tk || (p.causal && key > query);
-        const float prob = hidden ? 0.f : exp2f(s[n][r] * p.scale_log2 - lse2[r >> 1]);
-        s[n][r] = prob * (dp[n][r] - delta[r >> 1]);
-      }
-    }
+    score_gradients(s, dp, lse2, delta, p, k0, q0 + row0);
     mma_acc_by_interleaved<kExact, kD / 8, kC / 8, kP>(dq, s, sk, 0);
   }
 
@@ -94,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv_kernel(Params p, i
   float* sv = sk + kTileRows * kP;                       // (64, kP) their values
   float* sq = sv + kTileRows * kP;                       // (kC, kP) queries of the current tile
   float* sdo = sq + kC * kP;                             // (kC, kP) their output gradients
-  float* slse = sdo + kC * kP;                           // (kC,) their log-sum-exp, base 2
+  float* slse = sdo + kC * kP;                           // (kC,) their log-sum-exp
   float* sdelta = slse + kC;                             // (kC,) their delta
 
   // Causal blocks with more queries to visit (the first key tiles) start first.
@@ -114,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv_kernel(Params p, i
     load_tile<kD>(sdo, p.grad_out, b, h, q0, kC, p.tq, p.d);
     for (int i = threadIdx.x; i < kC; i += kThreads) {
       const int64_t at = static_cast<int64_t>(bh) * p.tq + q0 + i;
-      slse[i] = q0 + i < p.tq ? p.lse[at] * kLog2e : 0.f;
+      slse[i] = q0 + i < p.tq ? p.lse[at] : 0.f;
       sdelta[i] = q0 + i < p.tq ? p.delta[at] : 0.f;
     }
     __syncthreads();
@@ -123,16 +106,7 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv_kernel(Params p, i
     float st[kC / 8][4] = {};   // (16 keys, kC queries) scores, then P^T, then dS^T
     float dpt[kC / 8][4] = {};  // (16, kC) v dO^T
     mma_rows_by_transposed<kExact, kC / 8, kD, kP>(st, sk, row0, sq, 0);
-#pragma unroll
-    for (int n = 0; n < kC / 8; ++n) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int col = 8 * n + 2 * t + (r & 1);
-        const int query = q0 + col, key = k0 + row0 + g + 8 * (r >> 1);
-        const bool hidden = query >= p.tq || (p.causal && key > query);
-        st[n][r] = hidden ? 0.f : exp2f(st[n][r] * p.scale_log2 - slse[col]);
-      }
-    }
+    transposed_probabilities(st, slse, p, q0, k0 + row0);
     mma_acc_by_interleaved<kExact, kD / 8, kC / 8, kP>(dv, st, sdo, 0);
     mma_rows_by_transposed<kExact, kC / 8, kD, kP>(dpt, sv, row0, sdo, 0);
 #pragma unroll

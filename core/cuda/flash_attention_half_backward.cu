@@ -22,8 +22,6 @@ namespace {
 
 using namespace flash16;
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 // Rows streamed per tile: 64, or 32 where kD = 128 (the dK and dV accumulators take 128
 // registers per thread there).
 template <int kD>
@@ -43,7 +41,7 @@ __global__ void __launch_bounds__(kThreads) attention_half_grad_q_kernel(ParamsO
   const int batch_heads = gridDim.x / q_tiles;
   const int bh = blockIdx.x % batch_heads, tile = q_tiles - 1 - blockIdx.x / batch_heads;
   const int b = bh / p.heads, h = bh % p.heads, q0 = tile * kTileRows;
-  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
   const int row0 = 16 * warp;
   const int k_end = p.causal ? min(p.tk, q0 + kTileRows) : p.tk;
   const int key_tiles = (k_end + kC - 1) / kC;
@@ -57,13 +55,7 @@ __global__ void __launch_bounds__(kThreads) attention_half_grad_q_kernel(ParamsO
   load_keys(0);
   cp_async_commit();
   float lse2[2], delta[2];  // rows g and g + 8: log-sum-exp in base 2, and delta
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int query = q0 + row0 + g + 8 * i;
-    const int64_t at = static_cast<int64_t>(bh) * p.tq + query;
-    lse2[i] = query < p.tq ? p.lse[at] * kLog2e : 0.f;
-    delta[i] = query < p.tq ? p.delta[at] : 0.f;
-  }
+  flash::load_row_statistics(p, bh, q0 + row0, lse2, delta);
 
   float dq[kD / 8][4] = {};  // (16, kD)
   for (int j = 0; j < key_tiles; ++j) {
@@ -76,16 +68,7 @@ __global__ void __launch_bounds__(kThreads) attention_half_grad_q_kernel(ParamsO
       float dp[kC / 8][4] = {};  // (16, kC) dO v^T
       mma_rows_by_transposed<T, kC / 8, kD, kP>(s, sq, row0, keys);
       mma_rows_by_transposed<T, kC / 8, kD, kP>(dp, sdo, row0, values);
-#pragma unroll
-      for (int n = 0; n < kC / 8; ++n) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int key = k0 + 8 * n + 2 * t + (r & 1), query = q0 + row0 + g + 8 * (r >> 1);
-          const bool hidden = key >= p.tk || (p.causal && key > query);
-          const float prob = hidden ? 0.f : exp2f(s[n][r] * p.scale_log2 - lse2[r >> 1]);
-          s[n][r] = prob * (dp[n][r] - delta[r >> 1]);
-        }
-      }
+      flash::score_gradients(s, dp, lse2, delta, p, k0, q0 + row0);
       mma_acc_by_rows<T, kD / 8, kC / 8, kP>(dq, s, keys);
     }
     __syncthreads();
@@ -146,16 +129,7 @@ __global__ void __launch_bounds__(kThreads) attention_half_grad_kv_kernel(Params
       float st[kC / 8][4] = {};   // (16 keys, kC queries) scores, then P^T, then dS^T
       float dpt[kC / 8][4] = {};  // (16, kC) v dO^T
       mma_rows_by_transposed<T, kC / 8, kD, kP>(st, sk, row0, queries);
-#pragma unroll
-      for (int n = 0; n < kC / 8; ++n) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int col = 8 * n + 2 * t + (r & 1);
-          const int query = q0 + col, key = k0 + row0 + g + 8 * (r >> 1);
-          const bool hidden = query >= p.tq || (p.causal && key > query);
-          st[n][r] = hidden ? 0.f : exp2f(st[n][r] * p.scale_log2 - lse[col] * kLog2e);
-        }
-      }
+      flash::transposed_probabilities(st, lse, p, q0, k0 + row0);
       mma_acc_by_rows<T, kD / 8, kC / 8, kP>(dv, st, grads);
       mma_rows_by_transposed<T, kC / 8, kD, kP>(dpt, sv, row0, grads);
 #pragma unroll
