@@ -7,7 +7,9 @@ and tandem's speed relative to PyTorch for ms and gpu (below 1.00x: tandem is sl
 Usage: python3 bench/compare_kernels.py BUILD_DIR [--json OUT.json] [--conv-only | --attention-only]
            [--runs N] [--log]
   --conv-only   only the convolutions (both sides)
-  --attention-only   only GPT-2's attention, forward and forward + backward (both sides)
+  --attention-only   only GPT-2's attention, forward and forward + backward (both sides); in a
+                     build with cuDNN's frontend, tandem's bf16 rows also come on its own flash
+                     kernels (..._bf16_flash) and on cuDNN's (..._bf16_cudnn)
   --runs        run gpu_kernels N times (default 1): the convolution table once per run, to see
                 run-to-run variation
   --log         TANDEM_CUDNN_LOG=1, and print tandem's cuDNN choices"""
@@ -42,7 +44,8 @@ def main_table(tandem, torch):
     for name, t in tandem.items():
         if name.startswith("conv_s"):
             continue
-        p = torch.get(name, {})
+        # tandem's bf16 attention on one chosen kernel set, beside PyTorch's bf16 attention
+        p = torch.get(re.sub(r"_(flash|cudnn)$", "", name), {})
         unit = "gbps" if "gbps" in t else "tflops"
         frac = f"{t['gbps'] / copy_bw:.0%}" if unit == "gbps" and copy_bw else ""
         ratio = f"{p['ms'] / t['ms']:.2f}x" if p else ""

@@ -9,7 +9,9 @@
 // time to issue one call). ms well above gpu_ms means the host cannot keep the GPU busy.
 // Attention: GPT-2's causal self-attention (B 8, H 12, T 1024, D 64; q, k and v as views of the
 // packed (B, T, 3, H, D) projection), forward and forward + backward, in f32 under TF32
-// ("attention_*_tf32"), f32 under "highest" (3xTF32), and bf16 (cuDNN).
+// ("attention_*_tf32"), f32 under "highest" (3xTF32), bf16 on the kernels the build routes it to
+// (cuDNN's with its frontend; TANDEM_ATTENTION changes that) and bf16 on tandem's own flash
+// kernels ("attention_*_bf16_flash") and on cuDNN's ("attention_*_bf16_cudnn") where it has both.
 // Usage: gpu_kernels [--conv-only | --attention-only]. TANDEM_CUDNN_LOG=1 prints cuDNN's choices
 // (core/cuda/cudnn_conv.cpp).
 #include <atomic>
@@ -119,11 +121,19 @@ void attention_kernels() {
     const char* name;
     DType dtype;
     cuda::MatmulPrecision matmul;
+    cuda::AttentionKernels kernels;
   };
-  for (Precision p : {Precision{"tf32", DType::f32, cuda::MatmulPrecision::high},
-                      Precision{"f32", DType::f32, cuda::MatmulPrecision::highest},
-                      Precision{"bf16", DType::bf16, cuda::MatmulPrecision::highest}}) {
+  const cuda::AttentionKernels routed = cuda::attention_kernels();
+  std::vector<Precision> precisions{{"tf32", DType::f32, cuda::MatmulPrecision::high, routed},
+                                    {"f32", DType::f32, cuda::MatmulPrecision::highest, routed},
+                                    {"bf16", DType::bf16, cuda::MatmulPrecision::highest, routed}};
+  if (cuda::cudnn_attention_built()) {  // both kernel sets in this build: each alone too
+    precisions.push_back({"bf16_flash", DType::bf16, cuda::MatmulPrecision::highest, cuda::AttentionKernels::flash});
+    precisions.push_back({"bf16_cudnn", DType::bf16, cuda::MatmulPrecision::highest, cuda::AttentionKernels::cudnn});
+  }
+  for (const Precision& p : precisions) {
     cuda::set_matmul_precision(p.matmul);
+    cuda::set_attention_kernels(p.kernels);
     Tensor x = kernels::to_dtype(packed, p.dtype), g = kernels::to_dtype(grad, p.dtype);
     std::vector<Tensor> qkv;
     for (int64_t i = 0; i < 3; ++i) qkv.push_back(permute(squeeze(narrow(x, 2, i, 1), 2), {0, 2, 1, 3}));
@@ -136,6 +146,7 @@ void attention_kernels() {
          0, 3.5 * fwd_flops);
   }
   cuda::set_matmul_precision(cuda::MatmulPrecision::highest);
+  cuda::set_attention_kernels(routed);
 }
 
 int main(int argc, char** argv) {

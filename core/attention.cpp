@@ -1,11 +1,50 @@
-// The device-neutral side of fused attention: argument checks, output layouts, routing to cuDNN
-// (bf16, f16) or to tandem's own flash-attention kernels (f32).
+// The device-neutral side of fused attention: argument checks, output layouts, and routing:
+// f32 to tandem's own flash-attention kernels, bf16/f16 to cuDNN's fused flash attention or to
+// tandem's 16-bit flash kernels (cuda::attention_kernels, TANDEM_ATTENTION).
+#include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "tandem/core/backend.h"
 #include "tandem/core/attention.h"
 #include "tandem/core/copy.h"
+#include "tandem/core/cuda_api.h"
 #include "tandem/core/views.h"
+
+namespace tandem::cuda {
+
+namespace {
+// -1: not decided yet (TANDEM_ATTENTION is read on first use); else an AttentionKernels value.
+std::atomic<int> attention_choice{-1};
+
+AttentionKernels parse_attention_env(const char* value) {
+  if (value == nullptr) return AttentionKernels::automatic;
+  std::string v = value;
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (v.empty() || v == "auto" || v == "automatic") return AttentionKernels::automatic;
+  if (v == "flash") return AttentionKernels::flash;
+  if (v == "cudnn") return AttentionKernels::cudnn;
+  TANDEM_THROW(ValueError, "TANDEM_ATTENTION=", value, ": expected auto, flash or cudnn");
+}
+}  // namespace
+
+void set_attention_kernels(AttentionKernels kernels) { attention_choice.store(static_cast<int>(kernels)); }
+
+AttentionKernels attention_kernels() {
+  int choice = attention_choice.load();
+  if (choice < 0) {
+    int expected = -1;  // a concurrent set_attention_kernels() wins over the environment
+    attention_choice.compare_exchange_strong(expected,
+                                             static_cast<int>(parse_attention_env(std::getenv("TANDEM_ATTENTION"))));
+    choice = attention_choice.load();
+  }
+  return static_cast<AttentionKernels>(choice);
+}
+
+}  // namespace tandem::cuda
 
 namespace tandem::kernels {
 
@@ -43,14 +82,33 @@ bool fused_addressable(const Tensor& x) {
 // x itself when the kernels can read it in place, else a contiguous copy.
 Tensor fused_layout(const Tensor& x) { return fused_addressable(x) ? x : contiguous(x); }
 
-// cuDNN's kernels take bf16 and f16; tandem's own take f32.
-bool use_cudnn(const Tensor& q, const Tensor& k, const Tensor& v) { return cuda::fused_attention_supported(q, k, v); }
+// Which kernels run bf16/f16 q, k, v (f32 always runs on tandem's own): cuDNN's where the build
+// has them, unless tandem's are asked for (cuda::attention_kernels).
+bool use_cudnn(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (!is_half(q.dtype())) return false;
+  const cuda::AttentionKernels choice = cuda::attention_kernels();
+  const bool cudnn_built = cuda::fused_attention_supported(q, k, v);
+  if (choice == cuda::AttentionKernels::flash) return false;
+  TANDEM_CHECK_AS(DeviceError, cudnn_built || choice != cuda::AttentionKernels::cudnn,
+                  "fused attention: cuDNN's kernels were asked for (TANDEM_ATTENTION=cudnn or "
+                  "set_attention_kernels(cudnn)) for q ", shape_str(q.shape()), " ", q.dtype(),
+                  ", but tandem was built without cuDNN's frontend headers (scripts/install-deps.sh fetches them); "
+                  "expected TANDEM_ATTENTION=auto or flash in this build");
+  return cudnn_built;
+}
+
+void run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, bool causal,
+                 double scale) {
+  if (use_cudnn(q, k, v)) cuda::fused_attention_forward(q, k, v, out, lse, causal, scale);
+  else if (is_half(q.dtype())) cuda::flash_attention_half_forward(q, k, v, out, lse, causal, scale);
+  else cuda::flash_attention_forward(q, k, v, out, lse, causal, scale);
+}
 
 }  // namespace
 
 bool fused_attention_available(const Tensor& q, const Tensor& k, const Tensor& v) {
   check_attention_inputs(q, k, v);
-  return q.device().is_cuda() && (use_cudnn(q, k, v) || cuda::flash_attention_supported(q, k, v));
+  return q.device().is_cuda() && (cuda::fused_attention_supported(q, k, v) || cuda::flash_attention_supported(q, k, v));
 }
 
 AttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
@@ -62,8 +120,7 @@ AttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, const
                   q.shape()[2], " and ", k.shape()[2]);
   const Shape& s = q.shape();
   AttentionForward f{empty_bthd(s, q.options()), empty({s[0], s[1], s[2], 1}, TensorOptions(DType::f32, q.device()))};
-  auto forward = use_cudnn(q, k, v) ? cuda::fused_attention_forward : cuda::flash_attention_forward;
-  forward(fused_layout(q), fused_layout(k), fused_layout(v), f.out, f.lse, causal, scale);
+  run_forward(fused_layout(q), fused_layout(k), fused_layout(v), f.out, f.lse, causal, scale);
   return f;
 }
 
@@ -99,7 +156,9 @@ void fused_attention_backward_into(const Tensor& grad_out, const Tensor& q, cons
     return;
   }
   Tensor g = fused_layout(to_dtype(grad_out, q.dtype()));
-  auto backward = use_cudnn(q, k, v) ? cuda::fused_attention_backward : cuda::flash_attention_backward;
+  auto backward = use_cudnn(q, k, v)        ? cuda::fused_attention_backward
+                  : is_half(q.dtype()) ? cuda::flash_attention_half_backward
+                                       : cuda::flash_attention_backward;
   backward(g, fused_layout(q), fused_layout(k), fused_layout(v), forward.out, forward.lse, grads.q, grads.k, grads.v,
            causal, scale);
 }

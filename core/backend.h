@@ -147,15 +147,23 @@ void fused_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
                               const Tensor& out, const Tensor& lse, const Tensor& grad_q, const Tensor& grad_k,
                               const Tensor& grad_v, bool causal, double scale);
 
-// tandem's own flash attention for f32 (core/cuda/flash_attention_{forward,backward}.cu): TF32
-// tensor cores under MatmulPrecision::high, 3xTF32 (about f32's accuracy) under highest. Same
-// arguments as above; supported for head dims D <= 128 with D % 4 == 0 and 16-byte aligned rows.
+// tandem's own flash attention. Whether its kernels take q, k and v: f32 with head dims D <= 128,
+// D % 4 == 0, or bf16/f16 with D <= 128, D % 8 == 0; 16-byte aligned rows either way.
 bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v);
+// f32 (core/cuda/flash_attention_{forward,backward}.cu): TF32 tensor cores under
+// MatmulPrecision::high, 3xTF32 (about f32's accuracy) under highest. Same arguments as above.
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                              bool causal, double scale);
 void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, const Tensor& grad_q, const Tensor& grad_k,
                               const Tensor& grad_v, bool causal, double scale);
+// bf16/f16 (core/cuda/flash_attention_half_{forward,backward}.cu): 16-bit tensor cores with f32
+// accumulation; the same arguments and log-sum-exp as cuDNN's, so the passes mix.
+void flash_attention_half_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, bool causal, double scale);
+void flash_attention_half_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out, const Tensor& lse, const Tensor& grad_q, const Tensor& grad_k,
+                                   const Tensor& grad_v, bool causal, double scale);
 }  // namespace cuda
 
 #undef TANDEM_BACKEND_KERNELS

@@ -107,6 +107,17 @@ enum class MatmulPrecision { highest, high };
 void set_matmul_precision(MatmulPrecision precision);
 MatmulPrecision matmul_precision();
 
+// Which kernels run bf16/f16 attention on CUDA: `automatic` takes cuDNN's fused flash attention
+// where tandem was built with cuDNN's frontend and tandem's own flash kernels elsewhere; `flash`
+// and `cudnn` force one (cudnn raises a DeviceError in a build without the frontend). The
+// forward's log-sum-exp is the same for both, so a backward may run on the other. Starts from
+// TANDEM_ATTENTION=auto|flash|cudnn (read on first use; otherwise automatic).
+enum class AttentionKernels { automatic, flash, cudnn };
+void set_attention_kernels(AttentionKernels kernels);
+AttentionKernels attention_kernels();
+// Whether this build has cuDNN's fused attention (cuDNN and its frontend headers).
+bool cudnn_attention_built();
+
 // Convolutions: time every cuDNN algorithm once per shape and keep the fastest (like
 // torch.backends.cudnn.benchmark), instead of taking cuDNN's heuristic choice. Off by default.
 void set_cudnn_benchmark(bool enabled);

@@ -1,5 +1,5 @@
-// Scaled dot-product attention: a fused flash-attention kernel where one applies (CUDA: cuDNN's for
-// bf16/f16, tandem's own for f32), otherwise composed from matmul, masking and softmax, whose
+// Scaled dot-product attention: a fused flash-attention kernel where one applies (CUDA: cuDNN's or
+// tandem's own for bf16/f16, tandem's own for f32; core/attention.cpp routes), otherwise composed from matmul, masking and softmax, whose
 // gradients follow from theirs.
 #include <cmath>
 #include <limits>

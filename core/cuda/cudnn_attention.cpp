@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tandem/core/cuda/cudnn_common.h"
+#include "tandem/core/cuda_api.h"
 #include "tandem/core/determinism.h"
 
 namespace tandem::cuda {
@@ -168,6 +169,8 @@ void execute(const BuiltGraph& built, cudnnHandle_t h, const GraphKey& key,
 }
 
 }  // namespace
+
+bool cudnn_attention_built() { return true; }
 
 bool fused_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (!is_half(q.dtype()) || k.dtype() != q.dtype() || v.dtype() != q.dtype()) return false;

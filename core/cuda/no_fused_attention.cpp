@@ -1,8 +1,11 @@
-// Fused attention in a CUDA build without cuDNN or without cuDNN's frontend headers: never
-// supported, so scaled_dot_product_attention computes the attention matrix explicitly.
+// cuDNN's fused attention in a CUDA build without cuDNN or without cuDNN's frontend headers: never
+// supported, so bf16/f16 attention runs on tandem's own flash kernels (core/attention.cpp).
 #include "tandem/core/backend.h"
+#include "tandem/core/cuda_api.h"
 
 namespace tandem::cuda {
+
+bool cudnn_attention_built() { return false; }
 
 bool fused_attention_supported(const Tensor&, const Tensor&, const Tensor&) { return false; }
 

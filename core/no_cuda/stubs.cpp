@@ -156,6 +156,7 @@ bool linear_backward_weight(const Tensor&, const Tensor&, const Tensor&, const T
 bool linear_backward_input_gelu(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   no_cuda("linear_backward_input_gelu");
 }
+bool cudnn_attention_built() { return false; }
 bool fused_attention_supported(const Tensor&, const Tensor&, const Tensor&) { return false; }
 void fused_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
   no_cuda("fused_attention_forward");
@@ -171,6 +172,14 @@ void flash_attention_forward(const Tensor&, const Tensor&, const Tensor&, const 
 void flash_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                               const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
   no_cuda("flash_attention_backward");
+}
+void flash_attention_half_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool,
+                                  double) {
+  no_cuda("flash_attention_half_forward");
+}
+void flash_attention_half_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                   const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
+  no_cuda("flash_attention_half_backward");
 }
 
 }  // namespace tandem::cuda
