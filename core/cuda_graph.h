@@ -47,6 +47,23 @@ void keep_until_capture_ends(std::shared_ptr<void> object);
 // the graph's stream current (for writing this replay's values to the device).
 void before_each_replay(std::function<void()> fn);
 
+// For the scope, during a capture: allocations of this thread on `device` come from the ordinary pool
+// and stream, not the graph's. Memory that each replay writes before the graph runs (the lr, the
+// random offsets) must be made so: a block of the graph's pool may be used by earlier nodes of the
+// same graph for something else, which would overwrite the value at every replay.
+class OutsideGraphPool {
+ public:
+  explicit OutsideGraphPool(int device);
+  ~OutsideGraphPool();
+  OutsideGraphPool(const OutsideGraphPool&) = delete;
+  OutsideGraphPool& operator=(const OutsideGraphPool&) = delete;
+
+ private:
+  int device_;
+  uint64_t pool_ = 0;
+  void* stream_ = nullptr;  // the thread's stream before (a cudaStream_t)
+};
+
 // During a capture on `device`: a random draw of `count` counters from `gen` inside the graph. Returns
 // the counter offset of the draw relative to the graph's base and the device address of the base
 // (2 x u64: seed, offset), which every replay sets from the generator's state and then advances the

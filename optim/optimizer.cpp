@@ -152,6 +152,7 @@ void Optimizer::step_impl(const StepScaling* scaling, const std::function<bool(c
 void Optimizer::track_lr_on_device(ParamGroup& group, Device device) {
   if (!device.is_cuda() || group.device_hyper_capture == cuda::capture_id()) return;
   if (!group.device_hyper.defined() || group.device_hyper.device() != device) {
+    cuda::OutsideGraphPool outside(device.index);  // written before every replay: no node may reuse it
     group.device_hyper = empty({2}, TensorOptions(DType::f64, device));  // (2,) lr, 1 - lr * weight_decay
   }
   group.device_hyper_capture = cuda::capture_id();

@@ -70,6 +70,20 @@ void before_each_replay(std::function<void()> fn) {
   active_capture("before_each_replay").before_replay.push_back(std::move(fn));
 }
 
+OutsideGraphPool::OutsideGraphPool(int device) : device_(device) {
+  if (capturing_state == nullptr || capturing_state->device != device) return;
+  pool_ = capturing_state->pool;
+  stream_ = current_stream(device);
+  end_pool_use(device);
+  set_stream_override(device, compute_stream(device));
+}
+
+OutsideGraphPool::~OutsideGraphPool() {
+  if (pool_ == 0) return;
+  set_stream_override(device_, static_cast<cudaStream_t>(stream_));
+  begin_pool_use(device_, pool_);
+}
+
 CapturedDraw capture_random_draw(Generator& gen, uint64_t count, int device) {
   Graph::State& s = active_capture("random draw");
   TANDEM_CHECK_AS(GraphCaptureError, device == s.device, "a random draw on cuda:", device,
@@ -79,6 +93,7 @@ CapturedDraw capture_random_draw(Generator& gen, uint64_t count, int device) {
     if (existing.generator == &gen) d = &existing;
   }
   if (d == nullptr) {
+    OutsideGraphPool outside(device);  // written before every replay: no node of the graph may reuse it
     s.draws.push_back(Graph::State::Draws{&gen, gen.offset(), 0, empty({2}, TensorOptions(DType::i64, Device(DeviceType::cuda, device)))});
     d = &s.draws.back();
     Generator* g = &gen;

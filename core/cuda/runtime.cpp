@@ -85,6 +85,11 @@ cudaStream_t current_stream(int device) {
 
 StreamHandle current_stream_handle(int device) { return current_stream(device); }
 
+void set_stream_override(int device, cudaStream_t stream) {
+  check_device(device);
+  stream_override[device] = stream;
+}
+
 StreamHandle high_priority_stream(int device) {
   static auto* streams = new StreamPerDevice(true);
   return streams->get(device);

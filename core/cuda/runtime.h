@@ -16,6 +16,8 @@ using NvtxRange = ProfilerRange;  // the name the backend's files use
 cudaStream_t current_stream(int device);
 // tandem's compute stream of `device`.
 cudaStream_t compute_stream(int device);
+// Sets this thread's stream override for `device` (what a StreamGuard does for a scope); null: none.
+void set_stream_override(int device, cudaStream_t stream);
 // The stream graph captures record on (core/cuda/graph.cpp), one per device.
 cudaStream_t capture_stream(int device);
 

@@ -44,6 +44,8 @@ void check_not_capturing(const char*) {}
 void keep_until_capture_ends(std::shared_ptr<void>) { no_cuda("keep_until_capture_ends"); }
 void before_each_replay(std::function<void()>) { no_cuda("before_each_replay"); }
 CapturedDraw capture_random_draw(Generator&, uint64_t, int) { no_cuda("capture_random_draw"); }
+OutsideGraphPool::OutsideGraphPool(int device) : device_(device) {}
+OutsideGraphPool::~OutsideGraphPool() = default;
 struct Graph::State {};
 Graph::Graph() : state_(std::make_unique<State>()) {}
 Graph::~Graph() = default;

@@ -15,6 +15,7 @@
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
 
 #include "flags.h"
 #include "models.h"
@@ -268,6 +269,7 @@ int run(const Config& cfg) {
     if (cfg.cuda_graph && zero) zero->wait_for_parameters();
   };
   std::unique_ptr<train::GraphedStep> graphed;
+  Tensor graph_logits, graph_loss;  // the captured step's outputs
   auto run_start = std::chrono::steady_clock::now();
   const int64_t first_epoch = position.epoch;
   for (int64_t epoch = position.epoch; epoch < cfg.epochs; ++epoch) {
@@ -288,8 +290,15 @@ int run(const Config& cfg) {
             std::vector<Tensor>{kernels::clone(batch->inputs), kernels::clone(batch->targets)}, train_step);
       }
       // A last, smaller batch of an epoch runs eagerly, outside the graph (same model and optimizer).
-      if (graphed && graphed->fits({batch->inputs, batch->targets})) graphed->run({batch->inputs, batch->targets});
-      else train_step({batch->inputs, batch->targets});
+      if (graphed && graphed->fits({batch->inputs, batch->targets})) {
+        graphed->run({batch->inputs, batch->targets});
+        // The capture's outputs are what every replay rewrites; an eager step in between (an
+        // epoch's last batch) points step_logits / step_loss at its own tensors.
+        if (graphed->captured() && !graph_loss.defined()) std::tie(graph_logits, graph_loss) = std::tie(step_logits, step_loss);
+        if (graphed->captured()) std::tie(step_logits, step_loss) = std::tie(graph_logits, graph_loss);
+      } else {
+        train_step({batch->inputs, batch->targets});
+      }
       Tensor logits = step_logits, loss = step_loss;
       if (schedule) schedule->step(*opt);
       ++position.step;
