@@ -1,4 +1,5 @@
-// The device-neutral side of 2-D convolution, pooling and batch norm over NCHW tensors.
+// The device-neutral side of 2-D convolution, pooling and batch norm over (N, C, H, W) tensors,
+// row-major or channels-last.
 #include "tandem/core/conv.h"
 
 #include "tandem/core/backend.h"
@@ -20,6 +21,33 @@ void check_nchw(const char* op, const Tensor& x) {
 
 // Statistics and affine parameters of batch norm are f32 for 16-bit inputs.
 DType stats_dtype(DType dtype) { return is_half(dtype) ? DType::f32 : dtype; }
+
+// The layout a convolution runs in, as PyTorch chooses it for cuDNN: channels-last when the input
+// or the weight is, row-major otherwise. All three tensors of each direction take it.
+MemoryFormat conv_format(const Tensor& a, const Tensor& b) {
+  const bool channels_last = a.suggest_memory_format() == MemoryFormat::channels_last ||
+                             b.suggest_memory_format() == MemoryFormat::channels_last;
+  return channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+}
+
+// Allocates an output of `shape` laid out in `format` and has `compute` fill it. cuDNN reads
+// channels-last strides as they are; the CPU kernels take NCHW, so on the CPU a channels-last
+// output is computed into a row-major buffer and copied into place (the same arithmetic, so the
+// same bits as the NCHW path). `compute(out, format)` gets the buffer and the format its inputs
+// must be given in.
+template <typename Compute>
+Tensor in_layout(const Shape& shape, TensorOptions options, MemoryFormat format, Compute&& compute) {
+  Tensor out = empty(shape, options, format);
+  if (out.numel() == 0) return out;
+  if (!options.device.is_cpu() || format == MemoryFormat::contiguous) {
+    compute(out, format);
+    return out;
+  }
+  Tensor row_major = empty(shape, options);  // what the CPU kernel writes
+  compute(row_major, MemoryFormat::contiguous);
+  copy_(out, row_major);
+  return out;
+}
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
@@ -41,24 +69,23 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
   TANDEM_CHECK_AS(ValueError, out_h > 0 && out_w > 0, "conv2d: input ", shape_str(x.shape()), " is smaller than the ",
                   r, "x", s, " kernel (with padding ", p.pad_h, "x", p.pad_w, " and dilation ", p.dilation_h, "x",
                   p.dilation_w, ")");
-  Tensor out = empty({n, k, out_h, out_w}, x.options());
-  if (out.numel() == 0) return out;
-  TANDEM_ROUTE(x.device(), conv2d_forward, contiguous(x), contiguous(weight), out, p);
-  return out;
+  return in_layout({n, k, out_h, out_w}, x.options(), conv_format(x, weight), [&](const Tensor& out, MemoryFormat f) {
+    TANDEM_ROUTE(x.device(), conv2d_forward, contiguous(x, f), contiguous(weight, f), out, p);
+  });
 }
 
 Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const Shape& input_shape,
                              const Conv2dParams& p) {
-  Tensor grad_x = empty(input_shape, grad_out.options());
-  TANDEM_ROUTE(grad_out.device(), conv2d_backward_input, contiguous(grad_out), contiguous(weight), grad_x, p);
-  return grad_x;
+  return in_layout(input_shape, grad_out.options(), conv_format(grad_out, weight), [&](const Tensor& grad_x, MemoryFormat f) {
+    TANDEM_ROUTE(grad_out.device(), conv2d_backward_input, contiguous(grad_out, f), contiguous(weight, f), grad_x, p);
+  });
 }
 
 Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Shape& weight_shape,
                               const Conv2dParams& p) {
-  Tensor grad_w = empty(weight_shape, grad_out.options());
-  TANDEM_ROUTE(grad_out.device(), conv2d_backward_weight, contiguous(grad_out), contiguous(x), grad_w, p);
-  return grad_w;
+  return in_layout(weight_shape, grad_out.options(), conv_format(grad_out, x), [&](const Tensor& grad_w, MemoryFormat f) {
+    TANDEM_ROUTE(grad_out.device(), conv2d_backward_weight, contiguous(grad_out, f), contiguous(x, f), grad_w, p);
+  });
 }
 
 Tensor pool2d(const Tensor& x, const Pool2dParams& p) {
@@ -73,16 +100,16 @@ Tensor pool2d(const Tensor& x, const Pool2dParams& p) {
   const int64_t out_w = conv_output_size(x.shape()[3], p.kernel_w, p.stride_w, p.pad_w, 1);
   TANDEM_CHECK_AS(ValueError, out_h > 0 && out_w > 0, name, ": input ", shape_str(x.shape()), " is smaller than the ",
                   p.kernel_h, "x", p.kernel_w, " window");
-  Tensor out = empty({x.shape()[0], x.shape()[1], out_h, out_w}, x.options());
-  if (out.numel() == 0) return out;
-  TANDEM_ROUTE(x.device(), pool2d_forward, contiguous(x), out, p);
-  return out;
+  const Shape out_shape{x.shape()[0], x.shape()[1], out_h, out_w};
+  return in_layout(out_shape, x.options(), x.suggest_memory_format(), [&](const Tensor& out, MemoryFormat f) {
+    TANDEM_ROUTE(x.device(), pool2d_forward, contiguous(x, f), out, p);
+  });
 }
 
 Tensor pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& out, const Pool2dParams& p) {
-  Tensor grad_x = empty(x.shape(), x.options());
-  TANDEM_ROUTE(x.device(), pool2d_backward, contiguous(grad_out), contiguous(x), contiguous(out), grad_x, p);
-  return grad_x;
+  return in_layout(x.shape(), x.options(), x.suggest_memory_format(), [&](const Tensor& grad_x, MemoryFormat f) {
+    TANDEM_ROUTE(x.device(), pool2d_backward, contiguous(grad_out, f), contiguous(x, f), contiguous(out, f), grad_x, p);
+  });
 }
 
 BatchNormForward batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
@@ -103,16 +130,20 @@ BatchNormForward batch_norm(const Tensor& x, const Tensor& weight, const Tensor&
                     shape_str(x.shape()));
   }
   BatchNormForward result;
-  result.out = empty(x.shape(), x.options());
+  // The kernels here take NCHW: a channels-last x is normalised through a row-major copy and the
+  // output laid out channels-last again, so the layout holds across batch norm (batch-norm
+  // kernels that read channels-last directly, in core/cuda/batch_norm*, remove both copies).
+  Tensor out = empty(x.shape(), x.options());  // (N, C, H, W) row-major
   Tensor xc = contiguous(x);
   if (training) {
     result.save_mean = empty({c}, TensorOptions(stat, x.device()));
     result.save_invstd = empty({c}, TensorOptions(stat, x.device()));
-    TANDEM_ROUTE(x.device(), batch_norm_forward_training, xc, weight, bias, running_mean, running_var, result.out,
+    TANDEM_ROUTE(x.device(), batch_norm_forward_training, xc, weight, bias, running_mean, running_var, out,
                  result.save_mean, result.save_invstd, momentum, eps);
   } else {
-    TANDEM_ROUTE(x.device(), batch_norm_forward_inference, xc, weight, bias, running_mean, running_var, result.out, eps);
+    TANDEM_ROUTE(x.device(), batch_norm_forward_inference, xc, weight, bias, running_mean, running_var, out, eps);
   }
+  result.out = contiguous(out, x.suggest_memory_format());
   return result;
 }
 
@@ -122,6 +153,7 @@ BatchNormBackward batch_norm_backward(const Tensor& grad_out, const Tensor& x, c
                            empty(weight.shape(), weight.options())};
   TANDEM_ROUTE(x.device(), batch_norm_backward, contiguous(grad_out), contiguous(x), weight, save_mean, save_invstd,
                result.grad_input, result.grad_weight, result.grad_bias);
+  result.grad_input = contiguous(result.grad_input, x.suggest_memory_format());  // in x's layout, as batch_norm
   return result;
 }
 
