@@ -115,3 +115,84 @@ TEST(CudaChannelsLast, ElementwiseLayoutsAndTransfers) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Conv, batch norm, ReLU, a residual add of a pooled shortcut, global average pooling and a
+// linear head: ResNet-18's ops in small.
+struct ResidualConvNet : nn::Module {
+  explicit ResidualConvNet(TensorOptions o) {
+    nn::Conv2dOptions c;
+    c.padding = 1;
+    c.bias = false;
+    conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(3, 16, 3, c, o));
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(16, 1e-5, 0.1, o));
+    c.stride = 2;
+    conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(16, 16, 3, c, o));
+    bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(16, 1e-5, 0.1, o));
+    fc = register_module("fc", std::make_shared<nn::Linear>(16, 10, true, o));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = relu((*bn1)((*conv1)(x)));                       // (N, 16, H, W)
+    Tensor z = relu(add((*bn2)((*conv2)(y)), max_pool2d(y, 3, 2, 1)));  // (N, 16, H / 2, W / 2)
+    return (*fc)(flatten(adaptive_avg_pool2d(z, 1, 1), 1));     // (N, 10)
+  }
+  std::shared_ptr<nn::Conv2d> conv1, conv2;
+  std::shared_ptr<nn::BatchNorm2d> bn1, bn2;
+  std::shared_ptr<nn::Linear> fc;
+};
+
+// Two training steps of the same network on the GPU, row-major and channels-last: the same losses
+// and parameters within the dtype's tolerance (cuDNN may pick other kernels per layout), and the
+// channels-last copy's weights and gradients stay channels-last throughout.
+void run_training_parity(DType dtype) {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu("cuda:0");
+  manual_seed(11);
+  auto a = std::make_shared<ResidualConvNet>(TensorOptions(DType::f32, gpu));
+  auto b = std::make_shared<ResidualConvNet>(TensorOptions(DType::f32, gpu));
+  std::map<std::string, Tensor> state;
+  for (auto& [name, t] : a->state_dict()) state[name] = t;
+  b->load_state_dict(state);
+  for (auto* m : {a.get(), b.get()}) {
+    m->to(dtype);
+    for (auto* bn : {static_cast<ResidualConvNet*>(m)->bn1.get(), static_cast<ResidualConvNet*>(m)->bn2.get()}) {
+      bn->to(DType::f32);  // batch norm's parameters and statistics stay f32
+    }
+  }
+  b->to(kCL);
+  optim::SGD opt_a(a->parameters(), {0.05, 0.9}), opt_b(b->parameters(), {0.05, 0.9});
+  const double tol = 4 * tolerance(dtype);
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    Tensor images = kernels::to_device(testing::random_tensor({8, 3, 8, 8}, dtype), gpu);  // (N, 3, H, W)
+    Tensor labels = kernels::to_device(randint(0, 10, {8}, DType::i64), gpu);             // (N,)
+    opt_a.zero_grad();
+    opt_b.zero_grad();
+    Tensor loss_a = cross_entropy((*a)(images), labels);
+    Tensor loss_b = cross_entropy((*b)(images.contiguous(kCL)), labels);
+    EXPECT_NEAR(loss_a.item(), loss_b.item(), tol * (1 + std::abs(loss_a.item())));
+    loss_a.backward();
+    loss_b.backward();
+    for (const auto& [name, p] : b->named_parameters()) {
+      if (p.dim() == 4) EXPECT_TRUE(p.grad().is_contiguous(kCL)) << name;
+    }
+    opt_a.step();
+    opt_b.step();
+  }
+  auto pa = a->named_parameters(), pb = b->named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    SCOPED_TRACE(pa[i].first);
+    if (pb[i].second.dim() == 4) EXPECT_TRUE(pb[i].second.is_contiguous(kCL));
+    Tensor ga = kernels::to_dtype(kernels::to_device(pa[i].second, Device()), DType::f64);
+    Tensor gb = kernels::to_dtype(kernels::to_device(pb[i].second, Device()), DType::f64);
+    EXPECT_TRUE(testing::all_close(gb, ga, tol, tol));
+  }
+}
+
+TEST(CudaChannelsLast, TrainingStepsMatchRowMajorF32) { run_training_parity(DType::f32); }
+TEST(CudaChannelsLast, TrainingStepsMatchRowMajorBF16) { run_training_parity(DType::bf16); }
+
+}  // namespace
+}  // namespace tandem
