@@ -41,7 +41,6 @@ Tensor contiguous(const Tensor& x) { return x.is_contiguous() ? x : clone(x); }
 Tensor clone(const Tensor& x) { return clone(x, MemoryFormat::contiguous); }
 
 Tensor contiguous(const Tensor& x, MemoryFormat format) {
-  if (format == MemoryFormat::contiguous) return contiguous(x);
   if (!x.is_contiguous(format)) return clone(x, format);
   const Strides exact = memory_format_strides(x.shape(), format);
   return x.strides() == exact ? x : x.as_strided(x.shape(), exact, x.offset());

@@ -18,7 +18,7 @@ Tensor contiguous(const Tensor& x);  // x itself if already contiguous
 Tensor clone(const Tensor& x);       // always a fresh contiguous copy
 // x laid out in `format`: x itself if it already is, else a copy. For an x that is dense in
 // `format` only up to the strides of size-1 dims, the result is a view with the exact strides
-// of `format` (what cuDNN reads the layout from).
+// of `format` (cuDNN reads the layout from the strides).
 Tensor contiguous(const Tensor& x, MemoryFormat format);
 Tensor clone(const Tensor& x, MemoryFormat format);  // always a fresh copy, laid out in `format`
 Tensor to_dtype(const Tensor& x, DType dtype);    // x itself if already that dtype

@@ -100,11 +100,13 @@ class TensorDesc {
 
 class FilterDesc {
  public:
-  // A channels-last weight is an NHWC filter (its sizes are still given as K, C, R, S).
+  // A weight with channels-last strides is an NHWC filter (sizes still given as K, C, R, S); the
+  // exact strides decide, so a 1x1 weight given channels-last strides is NHWC too.
   explicit FilterDesc(const Tensor& w) {
     TANDEM_CUDNN_CHECK(cudnnCreateFilterDescriptor(&desc_));
-    const cudnnTensorFormat_t format =
-        w.suggest_memory_format() == MemoryFormat::channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    const bool nhwc = w.dim() == 4 && w.strides() == memory_format_strides(w.shape(), MemoryFormat::channels_last) &&
+                      w.strides() != contiguous_strides(w.shape());
+    const cudnnTensorFormat_t format = nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(desc_, data_type(w.dtype()), format,
                                                   static_cast<int>(w.shape()[0]), static_cast<int>(w.shape()[1]),
                                                   static_cast<int>(w.shape()[2]), static_cast<int>(w.shape()[3])));
