@@ -35,6 +35,7 @@
 #include "tandem/dist/bucket_plan.h"
 #include "tandem/dist/ddp.h"
 #include "tandem/dist/zero.h"
+#include "tandem/train/graphed_step.h"
 #include "tandem/dist/timeline.h"
 #include "tandem/tandem.h"
 #include "parameter_hash.h"
@@ -70,6 +71,7 @@ struct Config {
   // collectives every step (on) or none (off), to measure what the checks cost. "" (default): DDP
   // only under mpirun, with its default checks.
   std::string dist_checks;
+  bool cuda_graph = false;  // capture the step once as a CUDA graph after warm-up and replay it
   // Deterministic mode (tandem::use_deterministic_algorithms) for the whole run, and a hash of the
   // final parameters printed and written to the JSON, to compare two runs bit for bit.
   bool deterministic = false;
@@ -89,6 +91,10 @@ int run_benchmark(const Config& cfg) {
   const bool lead = world.rank == 0;
   const Device device = cfg.device == "cuda" && world.device.is_cuda() ? world.device : Device(cfg.device);
   const bool on_gpu = device.is_cuda();
+  TANDEM_CHECK_AS(DeviceError, !cfg.cuda_graph || on_gpu, "--cuda-graph: CUDA graphs capture GPU work, and this run is on ",
+                  device, " (drop the flag, or run on a GPU with --device cuda)");
+  TANDEM_CHECK_AS(ValueError, !cfg.cuda_graph || (cfg.trace.empty() && cfg.profile.empty()),
+                  "--cuda-graph records no timings inside the graph: --trace and --profile need an eager step");
   const train::PrecisionPolicy precision = train::PrecisionPolicy::parse(cfg.precision);
 
   bench::WorkloadOptions spec;
@@ -146,7 +152,29 @@ int run_benchmark(const Config& cfg) {
     timeline.end();
     return loss.detach();
   };
-  auto step = [&]() -> Tensor { return step_with(*optimizer); };
+  // --cuda-graph: the same step, captured after 3 eager warm-up steps and replayed (train/graphed_step.h);
+  // the batch is drawn once, so the static inputs are the batch itself. Each step's loss is copied
+  // out of the graph's loss tensor, which every replay overwrites.
+  std::unique_ptr<train::GraphedStep> graphed;
+  Tensor graph_loss;
+  if (cfg.cuda_graph) {
+    train::GraphedStepOptions graph_options;
+    graph_options.warmup_steps = 3;
+    graphed = std::make_unique<train::GraphedStep>(
+        std::vector<Tensor>{data.input, data.target},
+        [&](const std::vector<Tensor>&) {
+          graph_loss = step_with(*optimizer);
+          // A capture ends only once its collectives joined back: ZeRO's all-gathers finish here
+          // instead of overlapping the next forward.
+          if (zero) zero->wait_for_parameters();
+        },
+        graph_options);
+  }
+  auto step = [&]() -> Tensor {
+    if (!graphed) return step_with(*optimizer);
+    graphed->run({data.input, data.target});
+    return kernels::clone(graph_loss);
+  };
 
   const nlohmann::ordered_json bucket_json = cfg.bucket_mb == "auto" ? nlohmann::ordered_json("auto")
                                                                     : nlohmann::ordered_json(std::stod(cfg.bucket_mb));
@@ -249,7 +277,11 @@ int run_benchmark(const Config& cfg) {
 
   std::vector<double> loss_values = stack(losses).to_double_vector();  // (warmup + steps,)
   nlohmann::ordered_json ddp_json = nullptr;
-  if (ddp) {
+  if (ddp && graphed) {
+    // A graph records no timings: DDP's statistics would be those of the last eager step.
+    ddp_json = {{"world_size", world.size}, {"bucket_mb", bucket_json}, {"comm_dtype", cfg.comm_dtype},
+                {"cuda_graph", true}};
+  } else if (ddp) {
     const dist::DdpStats& st = ddp->stats();  // the last step's
     ddp_json = {{"world_size", world.size},         {"bucket_mb", bucket_json},
                 {"comm_dtype", cfg.comm_dtype},     {"overlap", !cfg.no_overlap},
@@ -266,7 +298,9 @@ int run_benchmark(const Config& cfg) {
     }
   }
   nlohmann::ordered_json zero_json = nullptr;
-  if (zero) {
+  if (zero && graphed) {
+    zero_json = {{"stage", cfg.zero}, {"cuda_graph", true}};
+  } else if (zero) {
     const dist::ZeroStats& st = zero->stats();  // the last step's parameter all-gathers
     zero_json = {{"stage", cfg.zero},         {"all_gathers", st.gathers},       {"bytes", st.bytes},
                  {"gather_ms", st.gather_ms}, {"exposed_ms", st.exposed_ms}, {"hidden_fraction", st.hidden_fraction}};
@@ -324,6 +358,9 @@ int run_benchmark(const Config& cfg) {
       {"params", model->num_parameters()},
       {"step_ms_median", med},
       {"step_ms_min", min},
+      {"cuda_graph", graphed ? nlohmann::ordered_json({{"nodes", graphed->graph().num_nodes()},
+                                                       {"pool_bytes", graphed->graph().pool_bytes()}})
+                             : nlohmann::ordered_json(nullptr)},
       {"host_issue_ms", host_issue_ms.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(median(host_issue_ms))},
       {"samples_per_s", samples_per_s},
       {"tokens_per_s", spec.name == "gpt2" ? nlohmann::ordered_json(samples_per_s * tokens) : nullptr},
@@ -414,6 +451,9 @@ int main(int argc, char** argv) {
                  "on or off: train through DistributedDataParallel even on one rank, comparing the ranks' "
                  "collectives every step (on) or never (off), to measure the checks' cost")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_flag("--cuda-graph", cfg.cuda_graph,
+               "capture the whole step (forward, backward, DDP's collectives, optimizer, loss scaling) as one CUDA "
+               "graph after 3 eager steps and replay it (GPU only)");
   app.add_flag("--deterministic", cfg.deterministic,
                "deterministic mode (same bits run to run); prints and writes a hash of the final parameters");
   CLI11_PARSE(app, argc, argv);

@@ -102,6 +102,10 @@ void device_free(void* ptr, int device);
 void copy_host_to_device(void* dst, const void* src, size_t nbytes, int device);
 void copy_device_to_host(void* dst, const void* src, size_t nbytes, int device);
 void copy_device_to_device(void* dst, int dst_device, const void* src, int src_device, size_t nbytes);
+// A random fill inside a CUDA graph capture: like random(), with the seed and the first counter read
+// from base (2,) u64 on the device, which every replay sets (core/cuda_graph.h); counters
+// base[1] + offset + i.
+void random_from_base(const Tensor& out, RandomKind kind, const uint64_t* base, uint64_t offset, double p1, double p2);
 // Page-locked host memory: uploads from it are truly asynchronous.
 void* pinned_allocate(size_t nbytes);
 void pinned_free(void* ptr);

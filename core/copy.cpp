@@ -74,4 +74,12 @@ void random_(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset,
   TANDEM_ROUTE(out.device(), random, out, kind, seed, offset, p1, p2);
 }
 
+void random_from_base_(const Tensor& out, RandomKind kind, const uint64_t* base, uint64_t offset, double p1, double p2) {
+  check_floating("random", out);
+  TANDEM_CHECK_AS(ValueError, out.is_contiguous() && out.device().is_cuda(),
+                  "random_from_base_: the output must be a contiguous cuda tensor");
+  if (out.numel() == 0) return;
+  cuda::random_from_base(out, kind, base, offset, p1, p2);
+}
+
 }  // namespace tandem::kernels

@@ -27,6 +27,9 @@ Tensor to_device(const Tensor& x, Device device);  // x itself if already there
 // Fills `out` (contiguous) from the counter-based generator: element i draws from counter
 // offset + i under key seed, so every device produces the same numbers.
 void random_(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2);
+// The same inside a CUDA graph capture (out on the GPU): seed and first counter from `base` on the
+// device, (2,) u64 that every replay sets (core/cuda_graph.h), plus `offset`.
+void random_from_base_(const Tensor& out, RandomKind kind, const uint64_t* base, uint64_t offset, double p1, double p2);
 
 }  // namespace kernels
 }  // namespace tandem

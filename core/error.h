@@ -36,6 +36,8 @@ class NotImplementedError : public Error { using Error::Error; };
 class OutOfMemoryError : public Error { using Error::Error; };
 // A failure inside a library we call (CUDA, cuBLAS, cuDNN, NCCL, MPI) or the OS.
 class BackendError : public Error { using Error::Error; };
+// A call that cannot run inside a CUDA graph capture (core/cuda_graph.h); the message names it.
+class GraphCaptureError : public Error { using Error::Error; };
 
 namespace detail {
 inline void append(std::ostringstream&) {}

@@ -5,11 +5,14 @@
 
 #include "tandem/core/backend.h"
 #include "tandem/core/copy.h"
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/tensor.h"
 
 // Calls the backend of `device` (the same function name exists in cpu:: and cuda::).
-#define TANDEM_ROUTE(device, fn, ...) \
-  ((device).is_cpu() ? cpu::fn(__VA_ARGS__) : cuda::fn(__VA_ARGS__))
+// CPU work inside a CUDA graph capture would run once, at capture, and never on replay: an error.
+#define TANDEM_ROUTE(device, fn, ...)                                                                \
+  ((device).is_cpu() ? (::tandem::cuda::check_not_capturing("an op on CPU tensors (" #fn ")"), cpu::fn(__VA_ARGS__)) \
+                     : cuda::fn(__VA_ARGS__))
 
 namespace tandem::kernels {
 

@@ -53,12 +53,16 @@ struct AdamWHyper {
 // - found_inf, inv_scale (GradScaler): 0-dim f32 tensors on the parameters' device, or
 //   undefined. When *found_inf != 0 the update changes nothing, decided on the device; otherwise
 //   every gradient is multiplied by *inv_scale as it is read.
+// - lr_on_device: undefined, or (2,) f64 on the parameters' device holding lr and
+//   1 - lr * weight_decay, read by the update instead of the hyper-parameters' lr (a CUDA graph
+//   replays the update with the lr of its step; optim::ParamGroup::device_hyper).
 struct UpdateTensors {
   std::vector<Tensor> params, grads;
   std::vector<std::vector<Tensor>> states;
   std::vector<Tensor> steps;
   std::vector<Tensor> masters;
   Tensor found_inf, inv_scale;
+  Tensor lr_on_device;
 };
 
 // The dtype of optimizer state (momentum, moments): f32 for 16-bit parameters, else theirs.

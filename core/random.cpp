@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/kernels.h"
 #include "tandem/core/philox.h"
 #include "tandem/core/views.h"
@@ -21,6 +22,12 @@ namespace {
 Tensor draw(const Shape& shape, RandomKind kind, double p1, double p2, TensorOptions options, Generator* gen) {
   Generator& g = gen != nullptr ? *gen : default_generator();
   Tensor out = empty(shape, options);
+  if (options.device.is_cuda() && cuda::is_capturing()) {
+    // Inside a graph capture the counters come from the device, so each replay draws new numbers.
+    cuda::CapturedDraw d = cuda::capture_random_draw(g, static_cast<uint64_t>(out.numel()), options.device.index);
+    kernels::random_from_base_(out, kind, d.base, d.relative_offset, p1, p2);
+    return out;
+  }
   uint64_t offset = g.advance(static_cast<uint64_t>(out.numel()));
   kernels::random_(out, kind, g.seed(), offset, p1, p2);
   return out;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tandem/core/backend.h"
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem {
@@ -102,6 +104,7 @@ std::vector<int64_t> Tensor::to_int64_vector() const {
 }
 
 double Tensor::item_double() const {
+  if (device().is_cuda()) cuda::check_not_capturing("item() on a cuda tensor");
   TANDEM_CHECK_AS(ValueError, numel() == 1, "item(): the tensor has ", numel(), " elements (shape ",
                   shape_str(shape()), "), expected exactly one");
   return to_double_vector()[0];
@@ -147,15 +150,26 @@ Tensor arange(double start, double end, double step, TensorOptions options) {
 
 Tensor arange(int64_t end, TensorOptions options) { return arange(0.0, static_cast<double>(end), 1.0, options); }
 
+namespace {
+// Host values of `dtype` straight into a tensor on the GPU, cast there: no CPU tensor op, so it also
+// works inside a CUDA graph capture (the upload is then part of the graph).
+Tensor upload(const void* values, const Shape& shape, DType dtype, TensorOptions options) {
+  Tensor staged = empty(shape, TensorOptions(dtype, options.device));
+  if (staged.numel() > 0) cuda::copy_host_to_device(staged.data_ptr(), values, staged.nbytes(), options.device.index);
+  return kernels::to_dtype(staged, options.dtype);
+}
+}  // namespace
+
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions options) {
   Shape s = shape.empty() ? Shape{static_cast<int64_t>(values.size())} : shape;
   TANDEM_CHECK_AS(ValueError, shape_numel(s) == static_cast<int64_t>(values.size()), "from_vector: ",
                   values.size(), " values do not fill shape ", shape_str(s), " (", shape_numel(s),
                   " elements)");
+  if (options.device.is_cuda()) return upload(values.data(), s, DType::f64, options);
   Storage storage = Storage::allocate(values.size() * sizeof(double), Device());
   std::copy(values.begin(), values.end(), static_cast<double*>(storage.data()));
   Tensor host(std::move(storage), s, contiguous_strides(s), 0, DType::f64);
-  return kernels::to_device(kernels::to_dtype(host, options.dtype), options.device);
+  return kernels::to_dtype(host, options.dtype);
 }
 
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, TensorOptions options) {
@@ -167,10 +181,11 @@ Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, Tenso
   Shape s = shape.empty() ? Shape{static_cast<int64_t>(values.size())} : shape;
   TANDEM_CHECK_AS(ValueError, shape_numel(s) == static_cast<int64_t>(values.size()), "from_vector: ",
                   values.size(), " values do not fill shape ", shape_str(s));
+  if (options.device.is_cuda()) return upload(values.data(), s, DType::i64, options);
   Storage storage = Storage::allocate(values.size() * sizeof(int64_t), Device());
   std::copy(values.begin(), values.end(), static_cast<int64_t*>(storage.data()));
   Tensor host(std::move(storage), s, contiguous_strides(s), 0, DType::i64);
-  return kernels::to_device(kernels::to_dtype(host, options.dtype), options.device);
+  return kernels::to_dtype(host, options.dtype);
 }
 
 Tensor tensor(std::initializer_list<double> values, TensorOptions options) {

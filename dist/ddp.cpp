@@ -9,6 +9,7 @@
 #include "tandem/autograd/grad_mode.h"
 #include "tandem/autograd/node.h"
 #include "tandem/core/cuda_api.h"
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/kernels.h"
 #include "tandem/core/views.h"
 #include "tandem/dist/bucket_plan.h"
@@ -418,8 +419,9 @@ Tensor DistributedDataParallel::forward(const Tensor& x) {
     if (!buffers_coalesced()) coalesce_buffers();
     broadcast_from_rank0(flat_buffers_, "buffers");
   }
+  // The parameter check reads hashes on the host: not inside a CUDA graph capture (replays skip it).
   if (options_.check_parameters_every > 0 && steps_ > 0 && steps_ % options_.check_parameters_every == 0 &&
-      steps_ != parameters_checked_at_) {
+      steps_ != parameters_checked_at_ && !cuda::is_capturing()) {
     parameters_checked_at_ = steps_;
     check_parameters_agree(names_, params_, steps_, world().timeout_seconds);
   }
@@ -532,7 +534,8 @@ void DistributedDataParallel::finish_backward() {
                  ". Pass find_unused_parameters=true if they are meant to go unused");
   }
   bool gpu = device_.is_cuda();
-  if (gpu) {
+  const bool captured = cuda::is_capturing();  // a graph records no timings: no statistics for it
+  if (gpu && !captured) {
     timing_->backward_end = std::make_unique<cuda::Event>();
     timing_->backward_end->record(device_.index);
   }
@@ -559,7 +562,7 @@ void DistributedDataParallel::finish_backward() {
     if (b->comm.defined() && !b->comm.is_same(b->buffer)) kernels::copy_(b->buffer, b->comm);
   }
   timing_->host_exposed_ms = host_ms_since(start);
-  if (gpu) {
+  if (gpu && !captured) {
     timing_->sync_end = std::make_unique<cuda::Event>();
     timing_->sync_end->record(device_.index);
   }
@@ -572,7 +575,7 @@ void DistributedDataParallel::finish_backward() {
     stats_.launched_after_gradients.push_back(b->launched_after);
   }
   stats_.total_gradients = static_cast<int64_t>(params_.size());
-  stats_pending_ = true;
+  stats_pending_ = !captured;
   if (gradients_in_place_) {
     if (after_backward_) after_backward_();
     if (options_.zero_stage == 2) {
@@ -586,12 +589,17 @@ void DistributedDataParallel::wait_for_gradients() {
   Bucket& b = *in_flight_;
   in_flight_ = nullptr;
   if (timeline_) timeline_->begin("wait for the last bucket");
-  timing_->late_wait_begin = std::make_unique<cuda::Event>();
-  timing_->late_wait_begin->record(device_.index);
+  const bool timed = !cuda::is_capturing();
+  if (timed) {
+    timing_->late_wait_begin = std::make_unique<cuda::Event>();
+    timing_->late_wait_begin->record(device_.index);
+  }
   b.work->wait();
   if (!b.comm.is_same(b.buffer)) kernels::copy_(b.buffer, b.comm);
-  timing_->late_wait_end = std::make_unique<cuda::Event>();
-  timing_->late_wait_end->record(device_.index);
+  if (timed) {
+    timing_->late_wait_end = std::make_unique<cuda::Event>();
+    timing_->late_wait_end->record(device_.index);
+  }
   if (timeline_) timeline_->end();
 }
 

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "tandem/core/cuda_api.h"
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/kernels.h"
 #include "tandem/dist/check.h"
 #include "tandem/dist/internal.h"
@@ -176,9 +177,18 @@ class NcclWorkHandle final : public TrackedWorkHandle {
     auto& core = static_cast<NcclCore&>(*tracker_);
     std::lock_guard<std::mutex> lock(core.mutex);
     if (state_->failed) core.raise(*state_);
+    if (state_->captured) {
+      // Inside its capture: an edge of the graph. After it: each replay has waited already.
+      if (cuda::is_capturing()) static_cast<NcclWork&>(*state_).end->wait(core.device);
+      return;
+    }
     if (state_->done) return;
+    TANDEM_CHECK_AS(GraphCaptureError, !cuda::is_capturing(), core.describe(*state_),
+                    " was launched before the CUDA graph capture and is waited for inside it: wait for it before "
+                    "capture_begin (a capture can only wait for work it captured)");
     static_cast<NcclWork&>(*state_).end->wait(core.device);
   }
+
 };
 
 std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const Fingerprint& fingerprint,
@@ -190,11 +200,15 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
   }
   cuda::DeviceGuard guard(device);
   cuda::ProfilerRange range(w->op);
-  w->start = take_event();
+  // Inside a CUDA graph capture the communication stream joins the capture through `ready`, and the
+  // collective becomes a node of the graph: no timing events, nothing for the watchdog, its tensors
+  // kept until the capture ends (only the graph uses their memory after it).
+  w->captured = cuda::is_capturing();
+  if (!w->captured) w->start = take_event();
   w->end = take_event();
   ready->record(device);  // on the caller's current stream
   ready->wait_on(stream);
-  w->start->record_on(stream);
+  if (!w->captured) w->start->record_on(stream);
   w->started = Clock::now();
   ncclResult_t status = enqueue();
   if (status == ncclInProgress) status = await_comm(w->started, timeout);
@@ -212,6 +226,10 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
   }
   w->end->record_on(stream);
   mark_started(*w);  // enqueued on the communication stream
+  if (w->captured) {
+    cuda::keep_until_capture_ends(w);
+    return std::make_shared<NcclWorkHandle>(shared_from_this(), w);
+  }
   sweep();
   track(w);
   return std::make_shared<NcclWorkHandle>(shared_from_this(), w);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/error.h"
 
 namespace tandem::dist::internal {
@@ -326,17 +327,22 @@ void TrackedGroup::abort(const std::string& reason) {
 }
 
 void TrackedWorkHandle::synchronize() {
+  cuda::check_not_capturing("waiting on the host for a collective (Work::synchronize)");
+  if (state_->captured) return;  // a node of a graph: the replay's stream orders it
   std::unique_lock<std::mutex> lock(tracker_->mutex);
   tracker_->wait_for(*state_, lock);
 }
 
 bool TrackedWorkHandle::is_completed() {
+  cuda::check_not_capturing("asking whether a collective completed (Work::is_completed)");
+  if (state_->captured) return true;
   std::lock_guard<std::mutex> lock(tracker_->mutex);
   if (!state_->done && !state_->failed) tracker_->poll(*state_);
   return state_->done || state_->failed;
 }
 
 double TrackedWorkHandle::elapsed_ms() {
+  if (state_->captured) return -1.0;  // a graph records no timings
   std::lock_guard<std::mutex> lock(tracker_->mutex);
   if (!state_->done && !state_->failed) tracker_->poll(*state_);
   return state_->done && !state_->failed ? state_->elapsed_ms : -1.0;

@@ -30,6 +30,9 @@ struct TrackedWork {
   double elapsed_ms = -1;
   bool done = false;    // completed, or finished in error; forgotten by the next sweep
   bool failed = false;  // waiting on it raises `error`
+  // Part of a CUDA graph being captured: never tracked (the capture runs nothing); its waits are
+  // edges of the graph, and each replay runs it again.
+  bool captured = false;
   std::string error;
 };
 

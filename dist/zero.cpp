@@ -6,6 +6,7 @@
 
 #include "tandem/autograd/grad_mode.h"
 #include "tandem/core/cuda_api.h"
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/kernels.h"
 #include "tandem/core/views.h"
 #include "tandem/dist/internal.h"
@@ -189,7 +190,8 @@ void ZeroRedundancyOptimizer::wait_for_parameters() {
   gathers_pending_ = false;
   const Device device = flat_params_[0].device();
   if (timeline_) timeline_->begin("wait for parameters");
-  if (device.is_cuda()) {
+  const bool captured = cuda::is_capturing();  // a graph records no timings: no statistics for it
+  if (device.is_cuda() && !captured) {
     timing_->wait_begin = std::make_unique<cuda::Event>();
     timing_->wait_begin->record(device.index);
   }
@@ -197,12 +199,12 @@ void ZeroRedundancyOptimizer::wait_for_parameters() {
   for (auto& work : gathers_) work->wait();  // GPU: the compute stream waits; CPU: the host waits
   timing_->host_exposed_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  if (device.is_cuda()) {
+  if (device.is_cuda() && !captured) {
     timing_->wait_end = std::make_unique<cuda::Event>();
     timing_->wait_end->record(device.index);
   }
   if (timeline_) timeline_->end();
-  stats_pending_ = true;
+  stats_pending_ = !captured;
 }
 
 const ZeroStats& ZeroRedundancyOptimizer::stats() {

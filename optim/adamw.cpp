@@ -1,5 +1,6 @@
 #include "tandem/optim/adamw.h"
 
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem::optim {
@@ -76,6 +77,7 @@ void AdamW::update(ParamGroup& base, const std::vector<Item>& items, const StepS
     lists.found_inf = scaling->found_inf;
     lists.inv_scale = scaling->inv_scale;
   }
+  if (cuda::is_capturing()) lists.lr_on_device = g.device_hyper;
   AdamWHyper h;
   h.lr = g.lr;
   h.beta1 = g.beta1;

@@ -5,6 +5,8 @@
 #include <set>
 
 #include "tandem/autograd/grad_mode.h"
+#include "tandem/core/backend.h"
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem::optim {
@@ -141,8 +143,23 @@ void Optimizer::step_impl(const StepScaling* scaling, const std::function<bool(c
       }
       items.push_back(Item{p, grad, master, &state});
     }
-    if (!items.empty()) update(group, items, scaling);
+    if (items.empty()) continue;
+    if (cuda::is_capturing()) track_lr_on_device(group, items[0].param.device());
+    update(group, items, scaling);
   }
+}
+
+void Optimizer::track_lr_on_device(ParamGroup& group, Device device) {
+  if (!device.is_cuda() || group.device_hyper_capture == cuda::capture_id()) return;
+  if (!group.device_hyper.defined() || group.device_hyper.device() != device) {
+    group.device_hyper = empty({2}, TensorOptions(DType::f64, device));  // (2,) lr, 1 - lr * weight_decay
+  }
+  group.device_hyper_capture = cuda::capture_id();
+  ParamGroup* g = &group;
+  cuda::before_each_replay([g] {
+    const double values[2] = {g->lr, 1.0 - g->lr * g->weight_decay};
+    cuda::copy_host_to_device(g->device_hyper.data_ptr(), values, sizeof values, g->device_hyper.device().index);
+  });
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

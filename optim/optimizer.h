@@ -41,6 +41,11 @@ struct ParamGroup {
   // What learning-rate schedules scale from (PyTorch's group["initial_lr"]): negative until a
   // schedule first sets this group's lr, which records the lr the group had then.
   double initial_lr = -1.0;
+  // Inside a CUDA graph capture (core/cuda_graph.h) the update reads lr from here, (2,) f64 on the
+  // parameters' device: lr and 1 - lr * weight_decay, written from the fields above before every
+  // replay, so a schedule changes a captured step's lr without a recapture. Undefined until then.
+  Tensor device_hyper;
+  uint64_t device_hyper_capture = 0;  // the capture that last registered the write
 
   virtual ~ParamGroup() = default;
 };
@@ -151,6 +156,8 @@ class Optimizer {
   friend class dist::ZeroRedundancyOptimizer;
 
   std::vector<std::pair<std::string, double>> all_hyper_parameters(const ParamGroup& group) const;
+  // Inside a graph capture: makes the group's device_hyper and has every replay write it first.
+  static void track_lr_on_device(ParamGroup& group, Device device);
   void set_any_hyper_parameter(ParamGroup& group, const std::string& name, double value) const;
   bool has_master(const Tensor& param) const;
   std::vector<std::string> state_names_of(const Tensor& param) const;  // state_names() + "master"

@@ -1,5 +1,6 @@
 #include "tandem/optim/sgd.h"
 
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem::optim {
@@ -96,6 +97,7 @@ void SGD::update(ParamGroup& base, const std::vector<Item>& items, const StepSca
         l.found_inf = scaling->found_inf;
         l.inv_scale = scaling->inv_scale;
       }
+      if (cuda::is_capturing()) l.lr_on_device = g.device_hyper;
       h.first_step = first == 1;
       kernels::sgd_step(l, h);
     }

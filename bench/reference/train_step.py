@@ -327,6 +327,8 @@ def main():
     parser.add_argument("--steps", type=int, default=50, help="timed steps")
     parser.add_argument("--json", help="also write the result JSON to this file")
     parser.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    parser.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead", "max-autotune"],
+                        help="torch.compile's mode; reduce-overhead runs the compiled model through CUDA graphs")
     parser.add_argument("--autocast", action="store_true",
                         help="bf16/fp16 as PyTorch usually does it: f32 parameters, forward under torch.autocast")
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb (under torchrun)")
@@ -362,7 +364,7 @@ def main():
     masters = MasterWeights(list(model.parameters()), device) if model_dtype != torch.float32 else None
     optimizer = masters.optimizer if masters else make_adamw(model.parameters(), device)
     scaler = make_grad_scaler(device) if args.precision == "fp16" else None
-    run_model = torch.compile(model) if args.compile else model
+    run_model = torch.compile(model, mode=args.compile_mode) if args.compile else model
 
     def autocast():
         if autocast_dtype is None:
@@ -427,7 +429,8 @@ def main():
     med, low = statistics.median(step_ms), min(step_ms)
     samples_per_s = batch / (med / 1e3)  # gpt2: sequences per second
     tokens = spec.tokens_per_sample()
-    framework = "pytorch" + ("-compile" if args.compile else "") + ("-autocast" if autocast_dtype else "")
+    compiled = "" if not args.compile else "-compile" if args.compile_mode == "default" else "-compile-" + args.compile_mode
+    framework = "pytorch" + compiled + ("-autocast" if autocast_dtype else "")
     result = {
         "framework": framework,
         "workload": args.workload,

@@ -5,6 +5,11 @@
 // larger ones from segments of their own rounded size (20 MiB for 1-10 MiB requests); a block
 // bigger than a request is split and the rest stays cached; adjacent free blocks of a segment
 // merge again when freed.
+//
+// CUDA graphs (core/cuda_graph.h) get pools of their own: while a thread captures, its allocations
+// on the device come from the graph's pool (blocks tagged with the pool's id, never handed to
+// anyone else), and blocks of the ordinary pool it frees are held until the graph is gone, since
+// the graph may still read them when it replays.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -12,8 +17,10 @@
 #include <set>
 #include <sstream>
 #include <unordered_map>
+#include <vector>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/cuda/allocator.h"
 #include "tandem/core/cuda/runtime.h"
 
 namespace tandem::cuda {
@@ -29,9 +36,14 @@ constexpr size_t kMinLargeRemainder = 1 << 20;    // split a large block only if
 
 bool poison_allocations = false;
 
+constexpr int kMaxPoolDevices = 64;
+// The graph pool this thread allocates from, per device: 0 = the ordinary pool.
+thread_local uint64_t thread_pool[kMaxPoolDevices] = {};
+
 struct Block {
   char* ptr = nullptr;
   size_t size = 0;
+  uint64_t pool = 0;  // 0: the ordinary pool; else the graph pool's id
   cudaStream_t stream = nullptr;
   bool small = false;         // belongs to the small pool
   bool allocated = false;
@@ -39,8 +51,9 @@ struct Block {
   Block* next = nullptr;
 };
 
-struct BlockOrder {  // by stream, then size, then address: lower_bound finds the best fit
+struct BlockOrder {  // by pool, stream, then size, then address: lower_bound finds the best fit
   bool operator()(const Block* a, const Block* b) const {
+    if (a->pool != b->pool) return a->pool < b->pool;
     if (a->stream != b->stream) return reinterpret_cast<uintptr_t>(a->stream) < reinterpret_cast<uintptr_t>(b->stream);
     if (a->size != b->size) return a->size < b->size;
     return a->ptr < b->ptr;
@@ -65,15 +78,16 @@ class DeviceAllocator {
     bool small = size <= kSmallRequest;
     auto& pool = small ? small_free_ : large_free_;
     Block key;
+    key.pool = thread_pool[device_];
     key.stream = stream;
     key.size = size;
     Block* block = nullptr;
     auto it = pool.lower_bound(&key);
-    if (it != pool.end() && (*it)->stream == stream) {
+    if (it != pool.end() && (*it)->pool == key.pool && (*it)->stream == stream) {
       block = *it;
       pool.erase(it);
     } else {
-      block = new_segment(size, small, stream, requested);
+      block = new_segment(size, small, key.pool, stream, requested);
     }
     split_if_worthwhile(block, size, pool);
     block->allocated = true;
@@ -89,13 +103,53 @@ class DeviceAllocator {
     auto it = active_.find(ptr);
     if (it == active_.end()) return;  // not ours; never throw from a deleter
     Block* block = it->second;
+    const uint64_t capturing = thread_pool[device_];
+    if (capturing != 0 && block->pool == 0) {
+      pools_[capturing].held.push_back(block);  // the graph may read it: freed with the graph's pool
+      return;
+    }
     active_.erase(it);
-    block->allocated = false;
-    stats_.allocated -= block->size;
-    auto& pool = block->small ? small_free_ : large_free_;
-    block = merge(block, block->prev, pool);
-    block = merge(block, block->next, pool);
-    pool.insert(block);
+    release(block);
+  }
+
+  void begin_pool_use(uint64_t pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pools_[pool];  // exists from now on
+    thread_pool[device_] = pool;
+  }
+
+  void end_pool_use() { thread_pool[device_] = 0; }
+
+  // The pool's blocks join the ordinary cache on `stream`; the blocks it held are freed.
+  void release_pool(uint64_t id, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = pools_.find(id);
+    if (found == pools_.end()) return;
+    for (Block* head : found->second.segments) {
+      for (Block* b = head; b != nullptr; b = b->next) {
+        auto& free_set = b->small ? small_free_ : large_free_;
+        const bool was_free = !b->allocated && free_set.erase(b) > 0;
+        b->pool = 0;
+        b->stream = stream;
+        if (was_free) free_set.insert(b);
+      }
+    }
+    for (Block* b : found->second.held) {
+      active_.erase(b->ptr);
+      release(b);
+    }
+    pools_.erase(found);
+  }
+
+  size_t pool_bytes(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = pools_.find(id);
+    if (found == pools_.end()) return 0;
+    size_t bytes = 0;
+    for (Block* head : found->second.segments) {
+      for (Block* b = head; b != nullptr; b = b->next) bytes += b->size;
+    }
+    return bytes;
   }
 
   void empty_cache() {
@@ -114,14 +168,41 @@ class DeviceAllocator {
   }
 
  private:
-  Block* new_segment(size_t size, bool small, cudaStream_t stream, size_t requested) {
+  // A graph's pool: the segments made for it (their first blocks) and the ordinary blocks it holds.
+  struct GraphPool {
+    std::vector<Block*> segments;
+    std::vector<Block*> held;
+  };
+
+  // Back into the free lists, merged with free neighbours. Needs mutex_.
+  void release(Block* block) {
+    block->allocated = false;
+    stats_.allocated -= block->size;
+    auto& pool = block->small ? small_free_ : large_free_;
+    block = merge(block, block->prev, pool);
+    block = merge(block, block->next, pool);
+    pool.insert(block);
+  }
+
+  Block* new_segment(size_t size, bool small, uint64_t pool, cudaStream_t stream, size_t requested) {
     size_t segment = small ? kSmallSegment
                            : (size <= kMediumRequest ? kMediumSegment
                                                      : (size + kLargeRounding - 1) / kLargeRounding * kLargeRounding);
     DeviceGuard guard(device_);
     void* ptr = nullptr;
-    cudaError_t status = cudaMalloc(&ptr, segment);
-    if (status == cudaErrorMemoryAllocation) {
+    cudaError_t status = cudaSuccess;
+    if (pool != 0) {
+      // Inside a capture: the memory is the pool's for as long as the graph lives, not a step of
+      // the graph, so the call is made outside the capture's rules. Nothing cached may be freed
+      // to make room (cudaFree would wait for the device in the middle of a capture).
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      TANDEM_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      status = cudaMalloc(&ptr, segment);
+      cudaThreadExchangeStreamCaptureMode(&mode);
+    } else {
+      status = cudaMalloc(&ptr, segment);
+    }
+    if (status == cudaErrorMemoryAllocation && pool == 0) {
       cudaGetLastError();     // clear the error so the retry and later calls start clean
       release_free_segments();  // give the cache back and try once more
       status = cudaMalloc(&ptr, segment);
@@ -132,6 +213,7 @@ class DeviceAllocator {
       size_t free_bytes = 0, total_bytes = 0;
       cudaMemGetInfo(&free_bytes, &total_bytes);
       TANDEM_THROW(OutOfMemoryError, "cuda:", device_, ": out of memory allocating ", format_bytes(requested),
+                   pool != 0 ? " inside a CUDA graph capture, which cannot free the cache to make room" : "",
                    " (device total ", format_bytes(total_bytes), ", free ", format_bytes(free_bytes),
                    "; tandem holds ", format_bytes(stats_.allocated), " in tensors and ",
                    format_bytes(stats_.reserved), " reserved, peak ", format_bytes(stats_.peak_allocated), ")");
@@ -142,8 +224,10 @@ class DeviceAllocator {
     auto* block = new Block;
     block->ptr = static_cast<char*>(ptr);
     block->size = segment;
+    block->pool = pool;
     block->stream = stream;
     block->small = small;
+    if (pool != 0) pools_[pool].segments.push_back(block);
     return block;
   }
 
@@ -155,6 +239,7 @@ class DeviceAllocator {
     auto* rest = new Block;
     rest->ptr = block->ptr + size;
     rest->size = remainder;
+    rest->pool = block->pool;
     rest->stream = block->stream;
     rest->small = block->small;
     rest->prev = block;
@@ -183,7 +268,7 @@ class DeviceAllocator {
     for (auto* pool : {&small_free_, &large_free_}) {
       for (auto it = pool->begin(); it != pool->end();) {
         Block* b = *it;
-        if (b->prev == nullptr && b->next == nullptr) {  // a whole segment, unused
+        if (b->prev == nullptr && b->next == nullptr && b->pool == 0) {  // a whole segment, unused
           DeviceGuard guard(device_);
           cudaFree(b->ptr);
           stats_.reserved -= b->size;
@@ -200,6 +285,7 @@ class DeviceAllocator {
   std::mutex mutex_;
   std::set<Block*, BlockOrder> small_free_, large_free_;
   std::unordered_map<void*, Block*> active_;
+  std::unordered_map<uint64_t, GraphPool> pools_;
   MemoryStats stats_;
 };
 
@@ -237,5 +323,15 @@ void empty_cache(int device) {
   allocator(device).empty_cache();
 }
 void set_poison_allocations(bool enabled) { poison_allocations = enabled; }
+
+void begin_pool_use(int device, uint64_t pool) {
+  check_device(device);
+  TANDEM_CHECK_AS(DeviceError, device < kMaxPoolDevices, "cuda:", device, ": graph pools reach devices below ",
+                  kMaxPoolDevices);
+  allocator(device).begin_pool_use(pool);
+}
+void end_pool_use(int device) { allocator(device).end_pool_use(); }
+void release_pool(int device, uint64_t pool, cudaStream_t stream) { allocator(device).release_pool(pool, stream); }
+size_t pool_bytes(int device, uint64_t pool) { return allocator(device).pool_bytes(pool); }
 
 }  // namespace tandem::cuda

@@ -112,8 +112,14 @@ __device__ T next_below(T x) {
   }
 }
 
+// base: null, or (2,) seed and first counter set by a graph replay (they replace seed and add to offset).
 template <typename T>
-__global__ void random_kernel(int64_t n, T* out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2) {
+__global__ void random_kernel(int64_t n, T* out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2,
+                              const uint64_t* base) {
+  if (base != nullptr) {
+    seed = base[0];
+    offset += base[1];
+  }
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     uint64_t counter = offset + static_cast<uint64_t>(i);
@@ -191,16 +197,27 @@ void add_inplace(const Tensor& dst, const Tensor& src, double alpha) {
                    [&](auto tag) { add_inplace_typed<device_t<decltype(tag)>>(dst, src, alpha); });
 }
 
-void random(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2) {
+namespace {
+void launch_random(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2,
+                   const uint64_t* base) {
   dispatch_floating(out.dtype(), "random", "cuda", [&](auto tag) {
     using T = device_t<decltype(tag)>;
     NvtxRange range("random");
     DeviceGuard guard(out.device().index);
     int64_t n = out.numel();
     random_kernel<T><<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(out)>>>(n, device_ptr<T>(out), kind,
-                                                                                           seed, offset, p1, p2);
+                                                                                           seed, offset, p1, p2, base);
     check_launch("random");
   });
+}
+}  // namespace
+
+void random(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2) {
+  launch_random(out, kind, seed, offset, p1, p2, nullptr);
+}
+
+void random_from_base(const Tensor& out, RandomKind kind, const uint64_t* base, uint64_t offset, double p1, double p2) {
+  launch_random(out, kind, 0, offset, p1, p2, base);
 }
 
 }  // namespace tandem::cuda

@@ -246,6 +246,15 @@ Tables upload_tables(const char* name, std::vector<TensorSlot> slots, const std:
 
 const float* scalar_ptr(const Tensor& t) { return t.defined() ? static_cast<const float*>(t.data_ptr()) : nullptr; }
 
+const double* lr_pointer(const UpdateTensors& t) {
+  if (!t.lr_on_device.defined()) return nullptr;
+  TANDEM_CHECK_AS(ValueError,
+                  t.lr_on_device.dtype() == DType::f64 && t.lr_on_device.numel() == 2 && t.lr_on_device.is_contiguous() &&
+                      t.lr_on_device.device() == t.params[0].device(),
+                  "optimizer step: lr_on_device must be (2,) f64 on ", t.params[0].device());
+  return static_cast<const double*>(t.lr_on_device.data_ptr());
+}
+
 // Launches the update over the lists of `t` (states, masters and steps where given).
 template <typename T, typename Op>
 void launch_update(const char* name, const UpdateTensors& t, const Op& op) {
@@ -288,8 +297,13 @@ struct SgdOp {
   static constexpr int kStates = kMomentum ? 1 : 0;
   C lr, weight_decay, momentum, keep;  // keep = 1 - dampening
   bool nesterov, first_step;
+  const double* lr_on_device;  // null, or (2,) lr, 1 - lr * weight_decay: replaces lr
 
-  __device__ SgdOp for_tensor(const float*) const { return *this; }
+  __device__ SgdOp for_tensor(const float*) const {
+    SgdOp op = *this;
+    if (lr_on_device != nullptr) op.lr = static_cast<C>(lr_on_device[0]);
+    return op;
+  }
   __device__ bool loads_state() const { return kMomentum && !first_step; }
   __device__ void operator()(C& p, C g, C* state) const {
     C d = g + weight_decay * p;
@@ -308,11 +322,16 @@ struct AdamWOp {
   double lr, beta1_d, beta2_d;  // for the bias corrections, computed per tensor in f64 as on the host
   C decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
   C step_size, bc2_sqrt;  // set by for_tensor
+  const double* lr_on_device;  // null, or (2,) lr, 1 - lr * weight_decay: replace lr and decay
 
   __device__ AdamWOp for_tensor(const float* step_count) const {
     AdamWOp op = *this;
+    if (lr_on_device != nullptr) {
+      op.lr = lr_on_device[0];
+      op.decay = static_cast<C>(lr_on_device[1]);
+    }
     const double step = static_cast<double>(*step_count) + 1.0;
-    op.step_size = static_cast<C>(lr / (1.0 - pow(beta1_d, step)));
+    op.step_size = static_cast<C>(op.lr / (1.0 - pow(beta1_d, step)));
     op.bc2_sqrt = static_cast<C>(sqrt(1.0 - pow(beta2_d, step)));
     return op;
   }
@@ -334,10 +353,11 @@ void sgd_step(const UpdateTensors& t, const SgdHyper& h) {
     using C = acc_t<T>;
     const C lr = static_cast<C>(h.lr), wd = static_cast<C>(h.weight_decay);
     const C momentum = static_cast<C>(h.momentum), keep = static_cast<C>(1.0 - h.dampening);
+    const double* lr_on_device = lr_pointer(t);
     if (h.momentum != 0.0) {
-      launch_update<T>("sgd_step", t, SgdOp<C, true>{lr, wd, momentum, keep, h.nesterov, h.first_step});
+      launch_update<T>("sgd_step", t, SgdOp<C, true>{lr, wd, momentum, keep, h.nesterov, h.first_step, lr_on_device});
     } else {
-      launch_update<T>("sgd_step", t, SgdOp<C, false>{lr, wd, momentum, keep, false, false});
+      launch_update<T>("sgd_step", t, SgdOp<C, false>{lr, wd, momentum, keep, false, false, lr_on_device});
     }
   });
 }
@@ -357,7 +377,8 @@ void adamw_step(const UpdateTensors& t, const AdamWHyper& h) {
                   static_cast<C>(1.0 - h.beta2),
                   static_cast<C>(h.eps),
                   C(0),
-                  C(1)};
+                  C(1),
+                  lr_pointer(t)};
     launch_update<T>("adamw_step", t, op);
   });
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tandem/core/cuda_api.h"
+#include "tandem/core/cuda_graph.h"
 
 namespace tandem::cuda {
 
@@ -68,6 +69,11 @@ class StreamPerDevice {
 
 cudaStream_t compute_stream(int device) {
   static auto* streams = new StreamPerDevice(false);  // never destroyed: used until exit
+  return streams->get(device);
+}
+
+cudaStream_t capture_stream(int device) {
+  static auto* streams = new StreamPerDevice(false);
   return streams->get(device);
 }
 
@@ -133,9 +139,12 @@ void Event::wait(int device) const {
   TANDEM_CUDA_CHECK(cudaStreamWaitEvent(current_stream(device), static_cast<cudaEvent_t>(handle_), 0));
 }
 
-void Event::synchronize() const { TANDEM_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_))); }
+void Event::synchronize() const {
+  check_not_capturing("waiting on the host for a CUDA event (Event::synchronize, Work::synchronize)");
+  TANDEM_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_))); }
 
 bool Event::query() const {
+  check_not_capturing("querying a CUDA event from the host");
   cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(handle_));
   if (status == cudaErrorNotReady) return false;
   TANDEM_CUDA_CHECK(status);
@@ -143,12 +152,14 @@ bool Event::query() const {
 }
 
 double Event::elapsed_ms(const Event& end) const {
+  check_not_capturing("reading the time between two CUDA events");
   float ms = 0;
   TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(handle_), static_cast<cudaEvent_t>(end.handle_)));
   return ms;
 }
 
 void synchronize(int device) {
+  check_not_capturing("cuda::synchronize()");
   DeviceGuard guard(device);
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(compute_stream(device)));
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());

@@ -16,6 +16,13 @@ using NvtxRange = ProfilerRange;  // the name the backend's files use
 cudaStream_t current_stream(int device);
 // tandem's compute stream of `device`.
 cudaStream_t compute_stream(int device);
+// The stream graph captures record on (core/cuda/graph.cpp), one per device.
+cudaStream_t capture_stream(int device);
+
+// Inside a capture on this thread (graph.cpp): a host-to-device copy goes through pinned memory the
+// graph owns, so that every replay uploads what the capture saw.
+bool capturing_uploads();
+void captured_upload(void* dst, const void* src, size_t nbytes, cudaStream_t stream);
 
 // Raises a BackendError naming the kernel if its launch failed.
 void check_launch(const char* kernel);

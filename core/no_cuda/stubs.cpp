@@ -3,6 +3,7 @@
 #include <string>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/cuda_graph.h"
 
 namespace tandem::cuda {
 
@@ -36,6 +37,27 @@ size_t max_memory_allocated(int) { no_cuda("max_memory_allocated"); }
 void reset_peak_memory_stats(int) { no_cuda("reset_peak_memory_stats"); }
 void empty_cache(int) { no_cuda("empty_cache"); }
 void set_poison_allocations(bool) {}
+// Nothing is ever captured without CUDA.
+bool is_capturing() { return false; }
+uint64_t capture_id() { return 0; }
+void check_not_capturing(const char*) {}
+void keep_until_capture_ends(std::shared_ptr<void>) { no_cuda("keep_until_capture_ends"); }
+void before_each_replay(std::function<void()>) { no_cuda("before_each_replay"); }
+CapturedDraw capture_random_draw(Generator&, uint64_t, int) { no_cuda("capture_random_draw"); }
+struct Graph::State {};
+Graph::Graph() : state_(std::make_unique<State>()) {}
+Graph::~Graph() = default;
+void Graph::capture_begin(int) { no_cuda("CUDA graph capture"); }
+void Graph::capture_end() { no_cuda("CUDA graph capture"); }
+void Graph::abandon_capture() noexcept {}
+void Graph::replay() { no_cuda("CUDA graph replay"); }
+void Graph::reset() {}
+bool Graph::captured() const { return false; }
+int Graph::device() const { return -1; }
+int64_t Graph::num_nodes() const { return 0; }
+int64_t Graph::replays() const { return 0; }
+size_t Graph::pool_bytes() const { return 0; }
+
 Event::Event() { no_cuda("cuda::Event"); }
 Event::~Event() = default;
 void Event::record(int) { no_cuda("cuda::Event"); }
@@ -82,6 +104,9 @@ void gather(const Tensor&, const Tensor&, const Tensor&) { no_cuda("gather"); }
 void scatter_add(const Tensor&, const Tensor&, const Tensor&) { no_cuda("scatter_add"); }
 void random(const Tensor&, RandomKind, uint64_t, uint64_t, double, double) { no_cuda("random"); }
 void add_inplace(const Tensor&, const Tensor&, double) { no_cuda("add_"); }
+void random_from_base(const Tensor&, RandomKind, const uint64_t*, uint64_t, double, double) {
+  no_cuda("random_from_base");
+}
 void conv2d_forward(const Tensor&, const Tensor&, const Tensor&, const Conv2dParams&) { no_cuda("conv2d"); }
 void conv2d_backward_input(const Tensor&, const Tensor&, const Tensor&, const Conv2dParams&) {
   no_cuda("conv2d_backward_input");

@@ -27,6 +27,7 @@
 #include "tandem/dist/zero.h"
 #include "tandem/optim/adamw.h"
 #include "tandem/optim/schedule.h"
+#include "tandem/train/graphed_step.h"
 #include "tandem/optim/sgd.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/precision.h"
@@ -54,6 +55,7 @@ struct Config {
   int64_t max_steps_per_epoch = 0;  // 0: the whole epoch (a smaller value is for quick checks)
   std::string precision = "f32";    // f32, tf32 (f32 with TF32 matmuls), bf16 or fp16
   int zero = 0;                     // ZeRO stage: 0 (plain DDP), 1 or 2
+  bool cuda_graph = false;          // capture the training step as a CUDA graph and replay it
 };
 
 std::string format_seconds(double s) {
@@ -135,6 +137,10 @@ int run(const Config& cfg) {
   std::string problem;
   if (cfg.batch_size % world.size != 0) {
     problem = detail::concat("--batch-size ", cfg.batch_size, " must divide evenly across ", world.size, " ranks");
+  }
+  if (problem.empty() && cfg.cuda_graph && !device.is_cuda()) {
+    problem = detail::concat("--cuda-graph: CUDA graphs capture GPU work, and this run trains on ", device,
+                             " (drop --cuda-graph, or train on a GPU)");
   }
   stop_together_if(problem);
   const int64_t local_batch = cfg.batch_size / world.size;
@@ -248,6 +254,20 @@ int run(const Config& cfg) {
   nlohmann::json metrics = {{"model", cfg.model}, {"optimizer", cfg.optimizer}, {"lr", cfg.lr}, {"precision", cfg.precision},
                             {"batch_size", cfg.batch_size}, {"world_size", world.size}, {"device", device.str()},
                             {"epochs", nlohmann::json::array()}};
+  // One training step on (inputs, targets); with --cuda-graph it is captured once and replayed
+  // (train/graphed_step.h), and step_logits / step_loss then hold the newest replay's values.
+  Tensor step_logits, step_loss;
+  auto train_step = [&](const std::vector<Tensor>& in) {
+    opt->zero_grad();
+    step_logits = forward(to(in[0], dtype));
+    step_loss = cross_entropy(step_logits, in[1]);
+    scaler.scale(step_loss).backward();
+    scaler.step(*opt);
+    scaler.update();
+    // A capture ends once its collectives joined back: ZeRO's all-gathers finish inside the step.
+    if (cfg.cuda_graph && zero) zero->wait_for_parameters();
+  };
+  std::unique_ptr<train::GraphedStep> graphed;
   auto run_start = std::chrono::steady_clock::now();
   const int64_t first_epoch = position.epoch;
   for (int64_t epoch = position.epoch; epoch < cfg.epochs; ++epoch) {
@@ -262,12 +282,15 @@ int run(const Config& cfg) {
     int64_t step_in_epoch = 0;
     while (auto batch = train_loader.next()) {
       if (step_in_epoch >= steps_per_epoch) break;
-      opt->zero_grad();
-      Tensor logits = forward(to(batch->inputs, dtype));
-      Tensor loss = cross_entropy(logits, batch->targets);
-      scaler.scale(loss).backward();
-      scaler.step(*opt);
-      scaler.update();
+      if (cfg.cuda_graph && !graphed) {
+        // The first batch gives the static inputs' shapes; every full batch is copied into them.
+        graphed = std::make_unique<train::GraphedStep>(
+            std::vector<Tensor>{kernels::clone(batch->inputs), kernels::clone(batch->targets)}, train_step);
+      }
+      // A last, smaller batch of an epoch runs eagerly, outside the graph (same model and optimizer).
+      if (graphed && graphed->fits({batch->inputs, batch->targets})) graphed->run({batch->inputs, batch->targets});
+      else train_step({batch->inputs, batch->targets});
+      Tensor logits = step_logits, loss = step_loss;
       if (schedule) schedule->step(*opt);
       ++position.step;
       ++step_in_epoch;
@@ -387,6 +410,9 @@ int main(int argc, char** argv) {
       ->check(fashion::whole_number_at_least(0));
   app.add_option("--precision", cfg.precision, "f32, tf32 (TF32 matmuls on GPUs), bf16 or fp16 (with loss scaling)")
       ->check(CLI::IsMember(train::PrecisionPolicy::names()));
+  app.add_flag("--cuda-graph", cfg.cuda_graph,
+               "capture the training step once as a CUDA graph (after 3 eager steps) and replay it; an epoch's last, "
+               "smaller batch runs eagerly (GPU only)");
   app.add_option("--max-steps-per-epoch", cfg.max_steps_per_epoch, "cut epochs short (for quick checks; 0: whole epochs)")
       ->check(fashion::whole_number_at_least(0));
   CLI11_PARSE(app, argc, argv);

@@ -1,0 +1,249 @@
+// CUDA graph capture and replay (core/cuda_graph.h). A capture runs on a stream of its own per
+// device, in thread-local capture mode (other threads, such as a data loader's, go on with their
+// own work), with the calling thread's allocations in a pool of the graph (allocator.cpp).
+#include "tandem/core/cuda_graph.h"
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tandem/core/backend.h"
+#include "tandem/core/cuda/allocator.h"
+#include "tandem/core/cuda/runtime.h"
+#include "tandem/core/random.h"
+
+namespace tandem::cuda {
+
+struct Graph::State {
+  int device = -1;
+  uint64_t pool = 0;                        // the allocator's pool id, unique per capture
+  cudaStream_t stream = nullptr;            // what the capture recorded
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::unique_ptr<StreamGuard> redirect;    // the capturing thread's kernels go to `stream`
+  bool capturing = false;
+  std::vector<std::shared_ptr<void>> kept;  // alive until the capture ends
+  std::vector<std::function<void()>> before_replay;
+  std::vector<void*> staging;               // pinned host copies of captured uploads, read by every replay
+  // Random draws inside the capture, per generator.
+  struct Draws {
+    Generator* generator = nullptr;
+    uint64_t start_offset = 0;  // the generator's offset when the capture first drew from it
+    uint64_t counters = 0;      // how many the capture drew
+    Tensor base;                // (2,) i64 on the device: seed, offset of this replay's first counter
+  };
+  std::vector<Draws> draws;
+  int64_t replays = 0;
+};
+
+namespace {
+thread_local Graph::State* capturing_state = nullptr;
+std::atomic<uint64_t> next_pool{1};
+
+Graph::State& active_capture(const char* what) {
+  TANDEM_CHECK_AS(GraphCaptureError, capturing_state != nullptr, what, ": no CUDA graph capture is under way on this thread");
+  return *capturing_state;
+}
+
+// Raised by cudaStreamEndCapture and friends: the capture was broken by a call it cannot hold.
+std::string capture_status_text(cudaError_t status) {
+  return std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+}
+}  // namespace
+
+bool is_capturing() { return capturing_state != nullptr; }
+uint64_t capture_id() { return capturing_state != nullptr ? capturing_state->pool : 0; }
+
+void check_not_capturing(const char* what) {
+  if (capturing_state == nullptr) return;
+  TANDEM_THROW(GraphCaptureError, what, " inside a CUDA graph capture on cuda:", capturing_state->device,
+               ": a captured graph replays device work only, so host work and host waits cannot be part of it. "
+               "Do it before the capture or after a replay (a replay's outputs are ordinary tensors then)");
+}
+
+void keep_until_capture_ends(std::shared_ptr<void> object) {
+  active_capture("keep_until_capture_ends").kept.push_back(std::move(object));
+}
+
+void before_each_replay(std::function<void()> fn) {
+  active_capture("before_each_replay").before_replay.push_back(std::move(fn));
+}
+
+CapturedDraw capture_random_draw(Generator& gen, uint64_t count, int device) {
+  Graph::State& s = active_capture("random draw");
+  TANDEM_CHECK_AS(GraphCaptureError, device == s.device, "a random draw on cuda:", device,
+                  " inside a CUDA graph capture of cuda:", s.device);
+  Graph::State::Draws* d = nullptr;
+  for (auto& existing : s.draws) {
+    if (existing.generator == &gen) d = &existing;
+  }
+  if (d == nullptr) {
+    s.draws.push_back(Graph::State::Draws{&gen, gen.offset(), 0, empty({2}, TensorOptions(DType::i64, Device(DeviceType::cuda, device)))});
+    d = &s.draws.back();
+    Generator* g = &gen;
+    Tensor base = d->base;
+    const size_t index = s.draws.size() - 1;
+    Graph::State* state = &s;
+    // Every replay draws where the eager stream is now, then moves the generator past its draws.
+    s.before_replay.push_back([g, base, index, state] {
+      const uint64_t values[2] = {g->seed(), g->offset()};
+      copy_host_to_device(base.data_ptr(), values, sizeof values, base.device().index);
+      g->advance(state->draws[index].counters);
+    });
+  }
+  const uint64_t first = gen.advance(count);
+  d->counters += count;
+  return CapturedDraw{first - d->start_offset, static_cast<const uint64_t*>(d->base.data_ptr())};
+}
+
+bool capturing_uploads() { return capturing_state != nullptr; }
+
+// A host-to-device copy inside a capture reads pinned memory the graph owns, so every replay
+// uploads the values the capture saw (a pageable source cannot be captured).
+void captured_upload(void* dst, const void* src, size_t nbytes, cudaStream_t stream) {
+  Graph::State& s = *capturing_state;
+  void* pinned = nullptr;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  TANDEM_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  cudaError_t status = cudaHostAlloc(&pinned, nbytes == 0 ? 1 : nbytes, cudaHostAllocDefault);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  TANDEM_CUDA_CHECK(status);
+  s.staging.push_back(pinned);
+  std::memcpy(pinned, src, nbytes);
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, pinned, nbytes, cudaMemcpyHostToDevice, stream));
+}
+
+Graph::Graph() : state_(std::make_unique<State>()) {}
+
+Graph::~Graph() {
+  if (state_->capturing) abandon_capture();
+  try {
+    reset();
+  } catch (const std::exception&) {
+    // never throw from a destructor
+  }
+}
+
+void Graph::capture_begin(int device) {
+  TANDEM_CHECK_AS(GraphCaptureError, capturing_state == nullptr,
+                  "capture_begin: this thread is already capturing a CUDA graph (captures do not nest)");
+  TANDEM_CHECK_AS(GraphCaptureError, !state_->capturing && state_->exec == nullptr,
+                  "capture_begin: this graph holds a capture already; reset() it first");
+  check_device(device);
+  reset();  // what an abandoned capture left
+  State& s = *state_;
+  s.device = device;
+  s.pool = next_pool.fetch_add(1);
+  s.stream = capture_stream(device);
+  DeviceGuard guard(device);
+  begin_pool_use(device, s.pool);
+  s.redirect = std::make_unique<StreamGuard>(device, s.stream);
+  cudaError_t status = cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal);
+  if (status != cudaSuccess) {
+    s.redirect.reset();
+    end_pool_use(device);
+    TANDEM_THROW(BackendError, "cuda:", device, ": could not begin a graph capture: ", capture_status_text(status));
+  }
+  s.capturing = true;
+  capturing_state = &s;
+}
+
+// Undoes what capture_begin set on this thread, and gives the generators back the counters the
+// capture reserved (it ran nothing: the first replay draws them).
+static void leave_capture(Graph::State& s) {
+  capturing_state = nullptr;
+  s.capturing = false;
+  s.redirect.reset();
+  end_pool_use(s.device);
+  for (auto& d : s.draws) d.generator->set_state(d.generator->seed(), d.start_offset);
+}
+
+void Graph::capture_end() {
+  State& s = *state_;
+  TANDEM_CHECK_AS(GraphCaptureError, s.capturing && capturing_state == &s,
+                  "capture_end: this graph is not capturing on this thread");
+  DeviceGuard guard(s.device);
+  cudaGraph_t graph = nullptr;
+  cudaError_t status = cudaStreamEndCapture(s.stream, &graph);
+  leave_capture(s);
+  s.kept.clear();  // the collectives' tensors: only the graph uses their memory from now on
+  if (status != cudaSuccess || graph == nullptr) {
+    cudaGetLastError();
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    TANDEM_THROW(GraphCaptureError, "cuda:", s.device, ": the graph capture failed (", capture_status_text(status),
+                 "): work was left on a stream that never joined the capturing stream again, or a call inside it "
+                 "cannot be captured");
+  }
+  s.graph = graph;
+  status = cudaGraphInstantiate(&s.exec, graph, 0);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    s.exec = nullptr;
+    TANDEM_THROW(BackendError, "cuda:", s.device, ": could not instantiate the captured graph: ",
+                 capture_status_text(status));
+  }
+}
+
+void Graph::abandon_capture() noexcept {
+  State& s = *state_;
+  if (!s.capturing) return;
+  try {
+    DeviceGuard guard(s.device);
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(s.stream, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();  // the capture's own error, if it was invalidated
+  } catch (const std::exception&) {
+  }
+  if (capturing_state == &s) leave_capture(s);
+  s.capturing = false;
+  s.kept.clear();
+  s.before_replay.clear();
+  s.draws.clear();
+}
+
+void Graph::replay() {
+  State& s = *state_;
+  TANDEM_CHECK_AS(GraphCaptureError, s.exec != nullptr, "replay: nothing captured in this graph");
+  check_not_capturing("replaying a CUDA graph");
+  DeviceGuard guard(s.device);
+  for (auto& fn : s.before_replay) fn();
+  TANDEM_CUDA_CHECK(cudaGraphLaunch(s.exec, current_stream(s.device)));
+  ++s.replays;
+}
+
+void Graph::reset() {
+  State& s = *state_;
+  TANDEM_CHECK_AS(GraphCaptureError, !s.capturing, "reset: the graph is being captured; end or abandon the capture first");
+  if (s.pool == 0) return;
+  DeviceGuard guard(s.device);
+  // The last replay may still run: its memory and staging buffers are in use until it ends.
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  if (s.exec != nullptr) cudaGraphExecDestroy(s.exec);
+  if (s.graph != nullptr) cudaGraphDestroy(s.graph);
+  s.exec = nullptr;
+  s.graph = nullptr;
+  for (void* p : s.staging) cudaFreeHost(p);
+  s.staging.clear();
+  s.before_replay.clear();
+  s.draws.clear();
+  release_pool(s.device, s.pool, compute_stream(s.device));
+  s.pool = 0;
+  s.replays = 0;
+}
+
+bool Graph::captured() const { return state_->exec != nullptr; }
+int Graph::device() const { return state_->device; }
+int64_t Graph::replays() const { return state_->replays; }
+
+int64_t Graph::num_nodes() const {
+  if (state_->graph == nullptr) return 0;
+  size_t n = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(state_->graph, nullptr, &n));
+  return static_cast<int64_t>(n);
+}
+
+size_t Graph::pool_bytes() const { return state_->pool == 0 ? 0 : ::tandem::cuda::pool_bytes(state_->device, state_->pool); }
+
+}  // namespace tandem::cuda

@@ -1,0 +1,115 @@
+#pragma once
+// CUDA graphs: record the kernels, copies and collectives a piece of code issues once, then run
+// them again ("replay") with one launch, so the host leaves the loop. Without CUDA headers; in a
+// build without CUDA, capturing raises a DeviceError and nothing is ever capturing.
+//
+// The contract (PyTorch's torch.cuda.CUDAGraph has the same one):
+// - Warm up first: run the code eagerly a few times before capturing it, so that everything made
+//   once (optimizer state, cuBLASLt and cuDNN plans, DDP's buckets) exists already.
+// - What is captured is replayed on the same memory: inputs are static tensors the caller fills
+//   (copy_ into them) before each replay, and outputs are the tensors the captured code made; they
+//   hold the newest replay's values. Every tensor the captured code reads must stay alive as long
+//   as the graph (parameters, optimizer state, static inputs).
+// - Memory made during capture comes from a pool owned by the graph: it is not shared with
+//   anything else, so replays can reuse the same addresses; it is given back when the graph is
+//   reset or destroyed. Blocks of the ordinary pool freed by the capturing thread during capture are
+//   held until then as well, since the graph may read them.
+// - Host work runs once, at capture: a host synchronisation, a host read of a device value
+//   (`item()`, `.to(cpu)`), a CPU tensor op, or a timing read inside the capture raises a
+//   GraphCaptureError naming the call, and the capture is abandoned.
+// - Values the host changes between replays without a recapture are read from device memory:
+//   the learning rate of tandem's optimizers and the offsets of random draws (dropout) are written
+//   to the device before each replay (`before_each_replay`).
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "tandem/core/error.h"
+
+namespace tandem {
+
+class Generator;
+
+namespace cuda {
+
+// Whether the calling thread is capturing a graph now.
+bool is_capturing();
+// An id of the capture under way on this thread, unique in the process; 0 when none is.
+uint64_t capture_id();
+// Raises GraphCaptureError naming `what` (and why it cannot be captured) when the calling thread is
+// capturing; does nothing otherwise.
+void check_not_capturing(const char* what);
+
+// During a capture: keeps `object` alive until the capture ends (e.g. the tensors of a collective
+// the graph runs: after the capture only the graph uses their memory).
+void keep_until_capture_ends(std::shared_ptr<void> object);
+// During a capture: `fn` runs on the host before every replay of the graph being captured, with
+// the graph's stream current (for writing this replay's values to the device).
+void before_each_replay(std::function<void()> fn);
+
+// During a capture on `device`: a random draw of `count` counters from `gen` inside the graph. Returns
+// the counter offset of the draw relative to the graph's base and the device address of the base
+// (2 x u64: seed, offset), which every replay sets from the generator's state and then advances the
+// generator by what the capture drew, so replays continue the eager stream exactly.
+struct CapturedDraw {
+  uint64_t relative_offset = 0;
+  const uint64_t* base = nullptr;  // (2,) u64 on the device: seed, offset
+};
+CapturedDraw capture_random_draw(Generator& gen, uint64_t count, int device);
+
+// One captured graph.
+class Graph {
+ public:
+  Graph();
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // Starts capturing what this thread issues on `device`: its kernels go to a capture stream until
+  // capture_end(). Collectives on other streams join when they wait on the captured work (events).
+  void capture_begin(int device);
+  // Ends the capture and instantiates the graph. Raises GraphCaptureError if the capture was
+  // invalidated (work left on a stream that never joined back, an uncapturable call).
+  void capture_end();
+  // Abandons a capture under way (after an error inside it); never throws.
+  void abandon_capture() noexcept;
+
+  // Runs the before-replay functions, then the graph, on the device's current stream.
+  void replay();
+  // Destroys the graph and gives its memory pool back (after the device finished with it).
+  void reset();
+
+  bool captured() const;
+  int device() const;
+  int64_t num_nodes() const;  // kernels, copies and other nodes of the graph
+  int64_t replays() const;
+  size_t pool_bytes() const;  // device memory held by the graph's pool
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// Captures into `graph` for the scope: capture_begin() in the constructor, capture_end() from
+// end(); leaving the scope without end() (an exception) abandons the capture.
+class GraphCapture {
+ public:
+  GraphCapture(Graph& graph, int device) : graph_(graph) { graph_.capture_begin(device); }
+  ~GraphCapture() {
+    if (!ended_) graph_.abandon_capture();
+  }
+  void end() {
+    ended_ = true;
+    graph_.capture_end();
+  }
+  GraphCapture(const GraphCapture&) = delete;
+  GraphCapture& operator=(const GraphCapture&) = delete;
+
+ private:
+  Graph& graph_;
+  bool ended_ = false;
+};
+
+}  // namespace cuda
+}  // namespace tandem
