@@ -76,14 +76,16 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
 
 Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const Shape& input_shape,
                              const Conv2dParams& p) {
-  return in_layout(input_shape, grad_out.options(), conv_format(grad_out, weight), [&](const Tensor& grad_x, MemoryFormat f) {
+  const MemoryFormat format = conv_format(grad_out, weight);
+  return in_layout(input_shape, grad_out.options(), format, [&](const Tensor& grad_x, MemoryFormat f) {
     TANDEM_ROUTE(grad_out.device(), conv2d_backward_input, contiguous(grad_out, f), contiguous(weight, f), grad_x, p);
   });
 }
 
 Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Shape& weight_shape,
                               const Conv2dParams& p) {
-  return in_layout(weight_shape, grad_out.options(), conv_format(grad_out, x), [&](const Tensor& grad_w, MemoryFormat f) {
+  const MemoryFormat format = conv_format(grad_out, x);
+  return in_layout(weight_shape, grad_out.options(), format, [&](const Tensor& grad_w, MemoryFormat f) {
     TANDEM_ROUTE(grad_out.device(), conv2d_backward_weight, contiguous(grad_out, f), contiguous(x, f), grad_w, p);
   });
 }

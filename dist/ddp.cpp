@@ -355,7 +355,8 @@ int64_t DistributedDataParallel::next_slot(const Bucket& b) const {
 Tensor DistributedDataParallel::slot(const Bucket& b, size_t k) const {
   const Tensor& p = params_[b.params[k]];
   // In the parameter's layout: a channels-last weight's gradient stays channels-last in the bucket.
-  return views::view_in_format(views::narrow(b.buffer, 0, b.offsets[k], p.numel()), p.shape(), p.suggest_memory_format());
+  return views::view_in_format(views::narrow(b.buffer, 0, b.offsets[k], p.numel()), p.shape(),
+                               p.suggest_memory_format());
 }
 
 // Stage 2 released the bucket after its reduce-scatter: a new one, stale (its gradients are
