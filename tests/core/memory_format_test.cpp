@@ -40,7 +40,8 @@ TEST(MemoryFormat, ChannelsLastStridesAndChecks) {
   EXPECT_EQ(one.suggest_memory_format(), MemoryFormat::contiguous);
   // Not 4-D: never channels-last.
   EXPECT_FALSE(empty({3, 4}).is_contiguous(kCL));
-  EXPECT_TRUE(testing::throws_with<ValueError>([] { empty({3, 4}, DType::f32, kCL); }, {"channels_last", "4-D", "[3, 4]"}));
+  EXPECT_TRUE(
+      testing::throws_with<ValueError>([] { empty({3, 4}, DType::f32, kCL); }, {"channels_last", "4-D", "[3, 4]"}));
   EXPECT_STREQ(memory_format_name(kCL), "channels_last");
 }
 
@@ -106,7 +107,8 @@ TEST(MemoryFormat, ElementwiseOutputsFollowChannelsLastInputs) {
   Tensor acc = kernels::clone(a, kCL);
   kernels::add_(acc, b, 2.0);
   EXPECT_TRUE(acc.is_contiguous(kCL));
-  EXPECT_TRUE(all_close(acc, kernels::binary(BinaryOp::add, ar, kernels::unary(UnaryOp::scale, br, 2.0)), 1e-15, 1e-15));
+  Tensor expected = kernels::binary(BinaryOp::add, ar, kernels::unary(UnaryOp::scale, br, 2.0));
+  EXPECT_TRUE(all_close(acc, expected, 1e-15, 1e-15));
 }
 
 TEST(MemoryFormat, CollapseDimsWalksTheLastOperandInMemoryOrder) {

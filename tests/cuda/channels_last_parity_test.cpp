@@ -23,15 +23,40 @@ double tolerance(DType dtype) {
   }
 }
 
+using MakeInput = std::function<Tensor(const Shape&, DType)>;
+
+// Fresh uniform values in [-2, 2), drawn in the test dtype.
+Tensor uniform_input(const Shape& s, DType dtype) { return testing::random_uniform(s, -2.0, 2.0, dtype); }
+
+// (N, C, H, W) values that differ within every 9x9 patch (so no max-pool window has a tie, even
+// in bf16), exact in every dtype, with a fresh random offset per (n, c).
+Tensor distinct_in_windows(const Shape& s, DType dtype) {
+  std::vector<double> shift = testing::random_uniform({s[0] * s[1]}, 0.0, 81.0, DType::f64).to_double_vector();
+  std::vector<double> v(static_cast<size_t>(shape_numel(s)));
+  size_t i = 0;
+  for (int64_t n = 0; n < s[0]; ++n) {
+    for (int64_t c = 0; c < s[1]; ++c) {
+      const int64_t offset = static_cast<int64_t>(shift[n * s[1] + c]);
+      for (int64_t h = 0; h < s[2]; ++h) {
+        for (int64_t w = 0; w < s[3]; ++w) {
+          v[i++] = static_cast<double>(((h % 9 * 9 + w % 9) * 7 + offset) % 81 - 40) / 16;
+        }
+      }
+    }
+  }
+  return kernels::to_dtype(from_vector(v, s, DType::f64), dtype);
+}
+
 // One op over channels-last CUDA inputs, checked against the f64 CPU reference on row-major
 // copies of the same values: the output's values and layout, and every input's gradient (of
 // sum(out * w) for a random w), values and layout.
 void check_op(const std::string& name, DType dtype, const std::vector<Shape>& shapes,
-              const std::function<Tensor(const std::vector<Tensor>&)>& fn, double scale = 1.0) {
+              const std::function<Tensor(const std::vector<Tensor>&)>& fn, double scale = 1.0,
+              const MakeInput& make = uniform_input) {
   SCOPED_TRACE(name + " " + dtype_name(dtype));
   std::vector<Tensor> reference, device;
   for (const Shape& s : shapes) {
-    Tensor host = testing::random_uniform(s, -2.0, 2.0, dtype);  // fresh values in the test dtype
+    Tensor host = make(s, dtype);
     reference.push_back(kernels::to_dtype(host, DType::f64).requires_grad_());
     Tensor d = kernels::to_device(host, Device("cuda:0"));
     if (s.size() == 4) d = kernels::contiguous(d, kCL);
@@ -68,13 +93,15 @@ void run_channels_last_parity(DType dtype) {
   using V = const std::vector<Tensor>&;
   // ResNet-18's kinds of convolution: 3x3 stride 1 and 2, the 1x1 stride-2 shortcut, the stem's
   // three input channels.
-  check_op("conv3x3", dtype, {{4, 16, 9, 9}, {24, 16, 3, 3}}, [](V x) { return conv2d(x[0], x[1], Tensor(), conv_params(1, 1)); }, 4);
+  check_op("conv3x3", dtype, {{4, 16, 9, 9}, {24, 16, 3, 3}},
+           [](V x) { return conv2d(x[0], x[1], Tensor(), conv_params(1, 1)); }, 4);
   check_op("conv3x3_stride2", dtype, {{4, 16, 9, 9}, {32, 16, 3, 3}},
            [](V x) { return conv2d(x[0], x[1], Tensor(), conv_params(2, 1)); }, 4);
   check_op("conv1x1_stride2", dtype, {{4, 16, 8, 8}, {32, 16, 1, 1}},
            [](V x) { return conv2d(x[0], x[1], Tensor(), conv_params(2, 0)); }, 4);
-  check_op("conv_stem", dtype, {{4, 3, 8, 8}, {16, 3, 3, 3}}, [](V x) { return conv2d(x[0], x[1], Tensor(), conv_params(1, 1)); }, 4);
-  check_op("max_pool", dtype, {{4, 8, 9, 9}}, [](V x) { return max_pool2d(x[0], 3, 2, 1); });
+  check_op("conv_stem", dtype, {{4, 3, 8, 8}, {16, 3, 3, 3}},
+           [](V x) { return conv2d(x[0], x[1], Tensor(), conv_params(1, 1)); }, 4);
+  check_op("max_pool", dtype, {{4, 8, 9, 9}}, [](V x) { return max_pool2d(x[0], 3, 2, 1); }, 1.0, distinct_in_windows);
   check_op("avg_pool", dtype, {{4, 8, 8, 8}}, [](V x) { return avg_pool2d(x[0], 2, 2, 0, true); });
   check_op("global_avg_pool", dtype, {{4, 16, 4, 4}}, [](V x) { return adaptive_avg_pool2d(x[0], 1, 1); }, 2);
   check_op("relu_add", dtype, {{4, 8, 5, 5}, {4, 8, 5, 5}}, [](V x) { return relu(add(x[0], x[1])); });
@@ -106,8 +133,9 @@ TEST(CudaChannelsLast, ElementwiseLayoutsAndTransfers) {
   EXPECT_TRUE(same.is_contiguous(kCL));
   Tensor mixed = kernels::binary(BinaryOp::add, da, kernels::contiguous(db));
   EXPECT_TRUE(mixed.is_contiguous());
-  EXPECT_EQ(kernels::to_device(same, Device()).to_double_vector(), kernels::to_device(mixed, Device()).to_double_vector());
-  EXPECT_EQ(kernels::to_device(same, Device()).to_double_vector(), kernels::binary(BinaryOp::add, a, b).to_double_vector());
+  const std::vector<double> same_values = kernels::to_device(same, Device()).to_double_vector();
+  EXPECT_EQ(same_values, kernels::to_device(mixed, Device()).to_double_vector());
+  EXPECT_EQ(same_values, kernels::binary(BinaryOp::add, a, b).to_double_vector());
   Tensor back = kernels::to_device(da, Device());
   EXPECT_TRUE(back.is_contiguous(kCL));
   EXPECT_EQ(back.to_double_vector(), a.to_double_vector());

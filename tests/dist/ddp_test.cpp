@@ -44,8 +44,9 @@ std::shared_ptr<nn::Sequential> make_cnn(TensorOptions o) {
 // of their gradients keep that layout.
 std::shared_ptr<nn::Sequential> make_channels_last_cnn(TensorOptions o) {
   auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Conv2d>(3, 4, 3, nn::Conv2dOptions{1, 1}, o), std::make_shared<nn::BatchNorm2d>(4, 1e-5, 0.1, o),
-      std::make_shared<nn::ReLU>(), std::make_shared<nn::Conv2d>(4, 4, 3, nn::Conv2dOptions{2, 1}, o),
+      std::make_shared<nn::Conv2d>(3, 4, 3, nn::Conv2dOptions{1, 1}, o),
+      std::make_shared<nn::BatchNorm2d>(4, 1e-5, 0.1, o), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Conv2d>(4, 4, 3, nn::Conv2dOptions{2, 1}, o),
       std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(4 * 4 * 4, 5, true, o)});
   net->to(MemoryFormat::channels_last);
   return net;
