@@ -24,10 +24,12 @@ std::vector<Tensor> AccumulateGrad::apply(Tensor grad) {
   AutogradMeta& m = meta(leaf_);
   if (!m.grad.defined()) {
     // Take the incoming buffer when nothing else refers to it; otherwise copy, so that later
-    // in-place accumulation never writes into another tensor's memory.
-    bool owned = grad.use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous() &&
+    // in-place accumulation never writes into another tensor's memory. .grad takes the leaf's
+    // memory format (a channels-last weight gets a channels-last gradient).
+    const MemoryFormat format = leaf_.suggest_memory_format();
+    bool owned = grad.use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous(format) &&
                  grad.offset() == 0 && grad.autograd_meta() == nullptr;
-    m.grad = owned ? grad : kernels::clone(grad);
+    m.grad = owned ? grad : kernels::clone(grad, format);
   } else {
     kernels::add_(m.grad, grad);  // in place: the .grad buffer may be a view DDP watches
   }

@@ -146,6 +146,10 @@ Tensor squeeze(const Tensor& x);
 Tensor unsqueeze(const Tensor& x, int64_t dim);
 Tensor expand(const Tensor& x, const Shape& shape);
 Tensor contiguous(const Tensor& x);
+// x laid out in `format` (x itself when it already is, else a copy); the gradient goes back in
+// x's own layout. to(x, format) is the same op, PyTorch's x.to(memory_format=...).
+Tensor contiguous(const Tensor& x, MemoryFormat format);
+Tensor to(const Tensor& x, MemoryFormat format);
 Tensor clone(const Tensor& x);
 Tensor to(const Tensor& x, DType dtype);
 Tensor to(const Tensor& x, Device device);

@@ -22,6 +22,8 @@ Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
   return ::tandem::narrow(*this, dim, start, length);
 }
 Tensor Tensor::contiguous() const { return ::tandem::contiguous(*this); }
+Tensor Tensor::contiguous(MemoryFormat format) const { return ::tandem::contiguous(*this, format); }
+Tensor Tensor::to(MemoryFormat format) const { return ::tandem::to(*this, format); }
 Tensor Tensor::clone() const { return ::tandem::clone(*this); }
 Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const { return ::tandem::sum(*this, dims, keepdim); }
 Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const {

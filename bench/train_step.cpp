@@ -8,6 +8,7 @@
 //   train_step --workload mlp --precision bf16
 //   train_step --workload gpt2 --precision bf16        (8 sequences of 1024 tokens)
 //   train_step --workload resnet18 --precision tf32    (256 images of 3x32x32)
+//   train_step --workload resnet18 --precision bf16 --channels-last   (NHWC activations)
 //   mpirun -np 2 train_step --workload mlp --precision bf16 --bucket-mb 25
 //   mpirun -np 4 train_step --workload gpt2 --precision bf16 --zero 2     (ZeRO stage 2)
 //   train_step --device cpu --batch 8 --steps 3 --warmup 1
@@ -52,6 +53,7 @@ struct Config {
   std::string device = cuda::is_available() ? "cuda" : "cpu";
   int64_t batch = 0;     // per GPU; 0: the workload's default (mlp 1024, gpt2 8 sequences, resnet18 256)
   int64_t seq_len = 0;   // gpt2: tokens per sequence; 0: the context (1024)
+  bool channels_last = false;  // resnet18: model and images channels-last
   int64_t warmup = 10;
   int64_t steps = 50;
   std::string json;  // also written here when set
@@ -99,6 +101,7 @@ int run_benchmark(const Config& cfg) {
   spec.name = cfg.workload;
   spec.batch = cfg.batch;
   spec.seq_len = cfg.seq_len;
+  spec.channels_last = cfg.channels_last;
   const int64_t batch = spec.batch_or_default();
   manual_seed(0);
   std::shared_ptr<nn::Module> model = bench::make_model(spec, device);
@@ -351,6 +354,7 @@ int run_benchmark(const Config& cfg) {
       {"device", device.str()},
       {"batch", batch},
       {"seq_len", spec.name == "gpt2" ? nlohmann::ordered_json(spec.seq_len_or_default()) : nullptr},
+      {"channels_last", cfg.channels_last},
       {"params", model->num_parameters()},
       {"step_ms_median", med},
       {"step_ms_min", min},
@@ -413,6 +417,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--seq-len", cfg.seq_len, "gpt2: tokens per sequence; 0: the context, 1024")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--channels-last", cfg.channels_last,
+               "resnet18: convolution weights and images channels-last (NHWC), as PyTorch's channels_last");
   app.add_option("--warmup", cfg.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--steps", cfg.steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--json", cfg.json, "also write the result JSON to this file");

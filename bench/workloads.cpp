@@ -56,9 +56,14 @@ std::shared_ptr<nn::Module> make_mlp(const WorkloadOptions& options, Device devi
 
 std::shared_ptr<nn::Module> make_model(const WorkloadOptions& options, Device device) {
   const TensorOptions f32(DType::f32, device);
+  TANDEM_CHECK_AS(ValueError, !options.channels_last || options.name == "resnet18",
+                  "channels-last applies to the resnet18 workload only (its convolutions), not to ", options.name);
   if (options.name == "mlp") return make_mlp(options, device);
   if (options.name == "gpt2") return std::make_shared<models::GPT2>(options.gpt2, f32);
-  if (options.name == "resnet18") return std::make_shared<models::ResNet18>(options.num_classes, f32);
+  if (options.name == "resnet18") {
+    const MemoryFormat format = options.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+    return std::make_shared<models::ResNet18>(options.num_classes, f32, format);
+  }
   TANDEM_THROW(ValueError, "unknown workload '", options.name, "': expected mlp, gpt2 or resnet18");
 }
 
@@ -82,6 +87,8 @@ Batch make_batch(const WorkloadOptions& options, DType dtype, Device device) {
     const int64_t S = options.image_size;
     Tensor images = randn({B, 3, S, S}, data);                      // (B, 3, S, S)
     Tensor labels = randint(0, options.num_classes, {B}, ids);      // (B,)
+    // The same values either way; channels-last only changes where they lie.
+    if (options.channels_last) images = images.contiguous(MemoryFormat::channels_last);  // strides (3SS, 1, 3S, 3)
     return {images, labels};
   }
   TANDEM_THROW(ValueError, "unknown workload '", options.name, "': expected mlp, gpt2 or resnet18");

@@ -28,6 +28,9 @@ struct WorkloadOptions {
   models::GPT2Config gpt2;
   int64_t num_classes = 10;  // resnet18
   int64_t image_size = 32;   // resnet18: images are (3, image_size, image_size)
+  // resnet18 only: the model's convolution weights and the images channels-last (as PyTorch's
+  // model.to(memory_format=torch.channels_last) and images.to(memory_format=...)).
+  bool channels_last = false;
 
   int64_t batch_or_default() const;
   int64_t seq_len_or_default() const { return seq_len > 0 ? seq_len : gpt2.block_size; }
@@ -38,12 +41,13 @@ struct WorkloadOptions {
 const std::vector<std::string>& workload_names();  // mlp, gpt2, resnet18
 int64_t default_batch(const std::string& name);    // 1024, 8, 256
 
-// The model in f32 on `device`, initialised from the default generator.
+// The model in f32 on `device`, initialised from the default generator. Throws for
+// channels_last with a workload other than resnet18.
 std::shared_ptr<nn::Module> make_model(const WorkloadOptions& options, Device device);
 
 // One step's data. input: mlp (B, 1024) / resnet18 (B, 3, 32, 32) in the model's dtype, gpt2
 // (B, T) i64 token ids; target: mlp (B, 1024) in the model's dtype, gpt2 (B, T) i64 token ids,
-// resnet18 (B,) i64 labels.
+// resnet18 (B,) i64 labels. resnet18's images are channels-last under options.channels_last.
 struct Batch {
   Tensor input;
   Tensor target;

@@ -1,4 +1,5 @@
-// The device-neutral side of 2-D convolution, pooling (NCHW) and batch norm (NCHW or channels-last).
+// The device-neutral side of 2-D convolution, pooling and batch norm over (N, C, H, W) tensors,
+// row-major or channels-last.
 #include "tandem/core/conv.h"
 
 #include "tandem/core/backend.h"
@@ -21,6 +22,33 @@ void check_nchw(const char* op, const Tensor& x) {
 
 // Statistics and affine parameters of batch norm are f32 for 16-bit inputs.
 DType stats_dtype(DType dtype) { return is_half(dtype) ? DType::f32 : dtype; }
+
+// The layout a convolution runs in, as PyTorch chooses it for cuDNN: channels-last when the input
+// or the weight is, row-major otherwise. All three tensors of each direction take it.
+MemoryFormat conv_format(const Tensor& a, const Tensor& b) {
+  const bool channels_last = a.suggest_memory_format() == MemoryFormat::channels_last ||
+                             b.suggest_memory_format() == MemoryFormat::channels_last;
+  return channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+}
+
+// Allocates an output of `shape` laid out in `format` and has `compute` fill it. cuDNN reads
+// channels-last strides as they are; the CPU kernels take NCHW, so on the CPU a channels-last
+// output is computed into a row-major buffer and copied into place (the same arithmetic, so the
+// same bits as the NCHW path). `compute(out, format)` gets the buffer and the format its inputs
+// must be given in.
+template <typename Compute>
+Tensor in_layout(const Shape& shape, TensorOptions options, MemoryFormat format, Compute&& compute) {
+  Tensor out = empty(shape, options, format);
+  if (out.numel() == 0) return out;
+  if (!options.device.is_cpu() || format == MemoryFormat::contiguous) {
+    compute(out, format);
+    return out;
+  }
+  Tensor row_major = empty(shape, options);  // what the CPU kernel writes
+  compute(row_major, MemoryFormat::contiguous);
+  copy_(out, row_major);
+  return out;
+}
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
@@ -42,24 +70,25 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
   TANDEM_CHECK_AS(ValueError, out_h > 0 && out_w > 0, "conv2d: input ", shape_str(x.shape()), " is smaller than the ",
                   r, "x", s, " kernel (with padding ", p.pad_h, "x", p.pad_w, " and dilation ", p.dilation_h, "x",
                   p.dilation_w, ")");
-  Tensor out = empty({n, k, out_h, out_w}, x.options());
-  if (out.numel() == 0) return out;
-  TANDEM_ROUTE(x.device(), conv2d_forward, contiguous(x), contiguous(weight), out, p);
-  return out;
+  return in_layout({n, k, out_h, out_w}, x.options(), conv_format(x, weight), [&](const Tensor& out, MemoryFormat f) {
+    TANDEM_ROUTE(x.device(), conv2d_forward, contiguous(x, f), contiguous(weight, f), out, p);
+  });
 }
 
 Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const Shape& input_shape,
                              const Conv2dParams& p) {
-  Tensor grad_x = empty(input_shape, grad_out.options());
-  TANDEM_ROUTE(grad_out.device(), conv2d_backward_input, contiguous(grad_out), contiguous(weight), grad_x, p);
-  return grad_x;
+  const MemoryFormat format = conv_format(grad_out, weight);
+  return in_layout(input_shape, grad_out.options(), format, [&](const Tensor& grad_x, MemoryFormat f) {
+    TANDEM_ROUTE(grad_out.device(), conv2d_backward_input, contiguous(grad_out, f), contiguous(weight, f), grad_x, p);
+  });
 }
 
 Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Shape& weight_shape,
                               const Conv2dParams& p) {
-  Tensor grad_w = empty(weight_shape, grad_out.options());
-  TANDEM_ROUTE(grad_out.device(), conv2d_backward_weight, contiguous(grad_out), contiguous(x), grad_w, p);
-  return grad_w;
+  const MemoryFormat format = conv_format(grad_out, x);
+  return in_layout(weight_shape, grad_out.options(), format, [&](const Tensor& grad_w, MemoryFormat f) {
+    TANDEM_ROUTE(grad_out.device(), conv2d_backward_weight, contiguous(grad_out, f), contiguous(x, f), grad_w, p);
+  });
 }
 
 Tensor pool2d(const Tensor& x, const Pool2dParams& p) {
@@ -74,44 +103,18 @@ Tensor pool2d(const Tensor& x, const Pool2dParams& p) {
   const int64_t out_w = conv_output_size(x.shape()[3], p.kernel_w, p.stride_w, p.pad_w, 1);
   TANDEM_CHECK_AS(ValueError, out_h > 0 && out_w > 0, name, ": input ", shape_str(x.shape()), " is smaller than the ",
                   p.kernel_h, "x", p.kernel_w, " window");
-  Tensor out = empty({x.shape()[0], x.shape()[1], out_h, out_w}, x.options());
-  if (out.numel() == 0) return out;
-  TANDEM_ROUTE(x.device(), pool2d_forward, contiguous(x), out, p);
-  return out;
+  const Shape out_shape{x.shape()[0], x.shape()[1], out_h, out_w};
+  return in_layout(out_shape, x.options(), x.suggest_memory_format(), [&](const Tensor& out, MemoryFormat f) {
+    TANDEM_ROUTE(x.device(), pool2d_forward, contiguous(x, f), out, p);
+  });
 }
 
 Tensor pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& out, const Pool2dParams& p) {
-  Tensor grad_x = empty(x.shape(), x.options());
-  TANDEM_ROUTE(x.device(), pool2d_backward, contiguous(grad_out), contiguous(x), contiguous(out), grad_x, p);
-  return grad_x;
+  return in_layout(x.shape(), x.options(), x.suggest_memory_format(), [&](const Tensor& grad_x, MemoryFormat f) {
+    TANDEM_ROUTE(x.device(), pool2d_backward, contiguous(grad_out, f), contiguous(x, f), contiguous(out, f), grad_x, p);
+  });
 }
 
-namespace {
-// Batch norm keeps a channels-last input's layout: strides exactly (H*W*C, 1, W*C, C).
-bool is_channels_last(const Tensor& x) {
-  const Shape& s = x.shape();
-  const Strides& st = x.strides();
-  return x.dim() == 4 && st[1] == 1 && st[3] == s[1] && st[2] == s[3] * s[1] && st[0] == s[2] * s[3] * s[1];
-}
-
-// (N, C, H, W) with channels-last strides: an (N, H, W, C) tensor seen through a permutation.
-Tensor empty_channels_last(const Shape& shape, TensorOptions options) {
-  return views::permute(empty({shape[0], shape[2], shape[3], shape[1]}, options), {0, 3, 1, 2});
-}
-
-// t in the layout batch norm runs in: channels-last (copied if need be) or NCHW-contiguous.
-Tensor in_layout(const Tensor& t, bool channels_last) {
-  if (!channels_last) return contiguous(t);
-  if (is_channels_last(t)) return t;
-  Tensor out = empty_channels_last(t.shape(), t.options());  // (N, C, H, W), NHWC memory
-  copy_(out, t);
-  return out;
-}
-
-Tensor empty_in_layout(const Shape& shape, TensorOptions options, bool channels_last) {
-  return channels_last ? empty_channels_last(shape, options) : empty(shape, options);
-}
-}  // namespace
 
 BatchNormForward batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                             const Tensor& running_var, bool training, double momentum, double eps,
@@ -138,11 +141,11 @@ BatchNormForward batch_norm(const Tensor& x, const Tensor& weight, const Tensor&
     TANDEM_CHECK_AS(ValueError, c > 0 && x.numel() / c > 1,
                     "batch_norm: training needs more than one value per channel, got input ", shape_str(x.shape()));
   }
-  const bool channels_last = is_channels_last(x);
+  const MemoryFormat format = x.suggest_memory_format();  // batch norm keeps x's layout
   BatchNormForward result;
-  result.out = empty_in_layout(x.shape(), x.options(), channels_last);  // like x
-  Tensor xc = in_layout(x, channels_last);
-  Tensor rc = residual.defined() ? in_layout(residual, channels_last) : Tensor();
+  result.out = empty(x.shape(), x.options(), format);  // like x
+  Tensor xc = contiguous(x, format);
+  Tensor rc = residual.defined() ? contiguous(residual, format) : Tensor();
   if (x.numel() == 0) return result;  // evaluation of an empty batch: nothing to write
   if (training) {
     result.save_mean = empty({c}, TensorOptions(stat, x.device()));
@@ -159,15 +162,15 @@ BatchNormForward batch_norm(const Tensor& x, const Tensor& weight, const Tensor&
 BatchNormBackward batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                                       const Tensor& save_mean, const Tensor& save_invstd, const Tensor& relu_out,
                                       bool residual_grad) {
-  const bool channels_last = is_channels_last(x);
-  BatchNormBackward result{empty_in_layout(x.shape(), x.options(), channels_last),
+  const MemoryFormat format = x.suggest_memory_format();  // batch norm keeps x's layout
+  BatchNormBackward result{empty(x.shape(), x.options(), format),
                            empty(weight.shape(), weight.options()), empty(weight.shape(), weight.options()), Tensor()};
   // Without a ReLU the residual's gradient is grad_out itself; with one, the masked gradient the
   // backend writes.
   const bool write_residual_grad = residual_grad && relu_out.defined();
-  if (write_residual_grad) result.grad_residual = empty_in_layout(x.shape(), x.options(), channels_last);
-  TANDEM_ROUTE(x.device(), batch_norm_backward, in_layout(grad_out, channels_last), in_layout(x, channels_last), weight,
-               save_mean, save_invstd, relu_out.defined() ? in_layout(relu_out, channels_last) : Tensor(),
+  if (write_residual_grad) result.grad_residual = empty(x.shape(), x.options(), format);
+  TANDEM_ROUTE(x.device(), batch_norm_backward, contiguous(grad_out, format), contiguous(x, format), weight,
+               save_mean, save_invstd, relu_out.defined() ? contiguous(relu_out, format) : Tensor(),
                result.grad_input, result.grad_weight, result.grad_bias, result.grad_residual);
   if (residual_grad && !write_residual_grad) result.grad_residual = grad_out;
   return result;

@@ -1,7 +1,9 @@
 #pragma once
-// 2-D convolution, pooling and batch norm (NCHW; batch norm also channels-last), the device-neutral
-// side. Backends: core/cpu/{conv,pool,batch_norm}.cpp, core/cuda/cudnn_conv.cpp,
-// core/cuda/batch_norm{,_nhwc}.cu.
+// 2-D convolution, pooling and batch norm over (N, C, H, W) tensors (device-neutral side).
+// Backends: core/cpu/{conv,pool,batch_norm}.cpp, core/cuda/cudnn_conv.cpp, core/cuda/cudnn.cpp,
+// core/cuda/batch_norm{,_nhwc}.cu. Outputs and gradients keep the inputs' memory format: a
+// convolution with a channels-last input or weight runs channels-last (cuDNN's NHWC kernels on
+// CUDA; the NCHW kernels and a copy on the CPU), pooling and batch norm follow their input.
 #include <cstdint>
 
 #include "tandem/core/tensor.h"

@@ -14,10 +14,12 @@ void copy_(const Tensor& dst, const Tensor& src) {
     TANDEM_ROUTE(dst.device(), copy, s, dst);
     return;
   }
-  // Across devices: make a contiguous copy on the source device, move its bytes, then lay them
-  // out (and cast) on the destination device.
-  Tensor packed = contiguous(s);
-  Tensor staged = empty(packed.shape(), TensorOptions(packed.dtype(), dst.device()));
+  // Across devices: make a dense copy on the source device (in its memory format, so a
+  // channels-last tensor moves without a transpose), move its bytes, then lay them out (and cast)
+  // on the destination device.
+  const MemoryFormat format = s.suggest_memory_format();
+  Tensor packed = contiguous(s, format);
+  Tensor staged = empty(packed.shape(), TensorOptions(packed.dtype(), dst.device()), format);
   if (src.device().is_cpu()) {
     cuda::copy_host_to_device(staged.data_ptr(), packed.data_ptr(), packed.nbytes(), dst.device().index);
   } else if (dst.device().is_cpu()) {
@@ -36,22 +38,31 @@ void fill_(const Tensor& dst, double value) {
 
 Tensor contiguous(const Tensor& x) { return x.is_contiguous() ? x : clone(x); }
 
-Tensor clone(const Tensor& x) {
-  Tensor out = empty(x.shape(), x.options());
+Tensor clone(const Tensor& x) { return clone(x, MemoryFormat::contiguous); }
+
+Tensor contiguous(const Tensor& x, MemoryFormat format) {
+  if (!x.is_contiguous(format)) return clone(x, format);
+  const Strides exact = memory_format_strides(x.shape(), format);
+  return x.strides() == exact ? x : x.as_strided(x.shape(), exact, x.offset());
+}
+
+Tensor clone(const Tensor& x, MemoryFormat format) {
+  Tensor out = empty(x.shape(), x.options(), format);
   copy_(out, x);
   return out;
 }
 
+// Conversions keep the memory format, as PyTorch's x.to(dtype) and x.to(device) do.
 Tensor to_dtype(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
-  Tensor out = empty(x.shape(), TensorOptions(dtype, x.device()));
+  Tensor out = empty(x.shape(), TensorOptions(dtype, x.device()), x.suggest_memory_format());
   copy_(out, x);
   return out;
 }
 
 Tensor to_device(const Tensor& x, Device device) {
   if (x.device() == device) return x;
-  Tensor out = empty(x.shape(), TensorOptions(x.dtype(), device));
+  Tensor out = empty(x.shape(), TensorOptions(x.dtype(), device), x.suggest_memory_format());
   copy_(out, x);
   return out;
 }

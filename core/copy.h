@@ -16,6 +16,11 @@ void copy_(const Tensor& dst, const Tensor& src);
 void fill_(const Tensor& dst, double value);
 Tensor contiguous(const Tensor& x);  // x itself if already contiguous
 Tensor clone(const Tensor& x);       // always a fresh contiguous copy
+// x laid out in `format`: x itself if it already is, else a copy. For an x that is dense in
+// `format` only up to the strides of size-1 dims, the result is a view with the exact strides
+// of `format` (cuDNN reads the layout from the strides).
+Tensor contiguous(const Tensor& x, MemoryFormat format);
+Tensor clone(const Tensor& x, MemoryFormat format);  // always a fresh copy, laid out in `format`
 Tensor to_dtype(const Tensor& x, DType dtype);    // x itself if already that dtype
 Tensor to_device(const Tensor& x, Device device);  // x itself if already there
 

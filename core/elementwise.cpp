@@ -62,10 +62,25 @@ bool is_floating_only(BinaryOp op) {
 
 namespace kernels {
 
+namespace {
+// PyTorch's rule for an elementwise output's layout: channels-last when the inputs of the
+// output's shape (those not broadcast) are all channels-last, so activations stay in that layout
+// from op to op; row-major otherwise.
+MemoryFormat output_format(const Shape& shape, std::initializer_list<const Tensor*> inputs) {
+  bool any = false;
+  for (const Tensor* t : inputs) {
+    if (t->shape() != shape) continue;
+    if (t->suggest_memory_format() != MemoryFormat::channels_last) return MemoryFormat::contiguous;
+    any = true;
+  }
+  return any ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+}
+}  // namespace
+
 Tensor unary(UnaryOp op, const Tensor& x, double alpha, double beta) {
   if (op == UnaryOp::pow_scalar && alpha == 2.0) op = UnaryOp::square;  // a multiply, not std::pow
   DType out_dtype = op == UnaryOp::logical_not ? DType::boolean : x.dtype();
-  Tensor out = empty(x.shape(), TensorOptions(out_dtype, x.device()));
+  Tensor out = empty(x.shape(), TensorOptions(out_dtype, x.device()), x.suggest_memory_format());
   TANDEM_ROUTE(x.device(), unary, op, x, out, alpha, beta);
   return out;
 }
@@ -79,7 +94,7 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, double al
   TANDEM_CHECK_AS(ValueError, op != UnaryOp::logical_not, "unary_backward: logical_not has no gradient");
   TANDEM_CHECK_AS(ValueError, grad.shape() == x.shape(), name, " backward: the gradient's shape ",
                   shape_str(grad.shape()), " differs from the input's ", shape_str(x.shape()));
-  Tensor out = empty(x.shape(), x.options());
+  Tensor out = empty(x.shape(), x.options(), output_format(x.shape(), {&grad, &x}));
   TANDEM_ROUTE(x.device(), unary_backward, op, grad, x, out, alpha, beta);
   return out;
 }
@@ -90,7 +105,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_same_dtype(name, a, b);
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   DType out_dtype = is_comparison(op) ? DType::boolean : a.dtype();
-  Tensor out = empty(shape, TensorOptions(out_dtype, a.device()));
+  Tensor out = empty(shape, TensorOptions(out_dtype, a.device()), output_format(shape, {&a, &b}));
   TANDEM_ROUTE(a.device(), binary, op, views::expand(a, shape), views::expand(b, shape), out);
   return out;
 }
@@ -101,7 +116,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_same_dtype("where", a, b);
   TANDEM_CHECK_AS(TypeError, cond.dtype() == DType::boolean, "where: the condition must be bool, got ", cond.dtype());
   Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
-  Tensor out = empty(shape, a.options());
+  Tensor out = empty(shape, a.options(), output_format(shape, {&cond, &a, &b}));
   TANDEM_ROUTE(a.device(), where, views::expand(cond, shape), views::expand(a, shape), views::expand(b, shape), out);
   return out;
 }
@@ -110,7 +125,7 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
   check_same_device("add_", dst, src);
   check_same_dtype("add_", dst, src);
   Tensor s = views::expand(src, dst.shape());
-  if (dst.is_contiguous()) {
+  if (layout_is_dense(dst.shape(), dst.strides())) {  // any dense layout: no element written twice
     TANDEM_ROUTE(dst.device(), add_inplace, dst, s, alpha);
     return;
   }

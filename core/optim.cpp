@@ -1,5 +1,5 @@
 // The device-neutral side of the fused optimizer updates and GradScaler's kernels: list checks,
-// grouping by device and dtype, contiguous working copies.
+// grouping by device and dtype, flat views of channels-last parameters, contiguous working copies.
 #include "tandem/core/optim.h"
 
 #include <algorithm>
@@ -11,12 +11,17 @@
 namespace tandem::kernels {
 
 namespace {
-// The tensors of one fused optimizer update that share a device and a parameter dtype, all
-// contiguous: a parameter in another layout is updated through a copy written back after.
+// The tensors of one fused optimizer update that share a device and a parameter dtype, each
+// dense in one element order per parameter: row-major, or flat views of a channels-last
+// parameter whose gradient and state share its layout. A tensor in any other layout is updated
+// through a row-major copy written back after.
 struct UpdateGroup {
   UpdateTensors tensors;
-  std::vector<std::pair<Tensor, Tensor>> write_back;  // (parameter, its contiguous working copy)
+  std::vector<std::pair<Tensor, Tensor>> write_back;  // (tensor, its contiguous working copy)
 };
+
+// A dense tensor as the 1-D run of memory it occupies (element order = memory order).
+Tensor flat(const Tensor& t) { return t.as_strided({t.numel()}, {1}, t.offset()); }
 
 void check_scalar_f32(const char* op, const char* what, const Tensor& t, const Tensor& p) {
   TANDEM_CHECK_AS(TypeError, t.dtype() == DType::f32 && t.dim() == 0, op, ": ", what,
@@ -57,7 +62,8 @@ std::vector<UpdateGroup> group_update(const char* op, const UpdateTensors& t, si
                       p.dtype(), " parameter keeps its state in ", state_dtype);
       TANDEM_CHECK_AS(ValueError, s.shape() == p.shape(), op, ": state tensor ", i, " has shape ",
                       shape_str(s.shape()), " but its parameter has shape ", shape_str(p.shape()));
-      TANDEM_CHECK_AS(ValueError, s.is_contiguous(), op, ": state tensor ", i, " must be contiguous");
+      TANDEM_CHECK_AS(ValueError, layout_is_dense(s.shape(), s.strides()), op, ": state tensor ", i,
+                      " must be dense (row-major, or in its parameter's layout), got strides ", shape_str(s.strides()));
     }
     if (with_steps) check_scalar_f32(op, "a step count", t.steps[i], p);
     Tensor master = t.masters.empty() ? Tensor() : t.masters[i];
@@ -66,8 +72,8 @@ std::vector<UpdateGroup> group_update(const char* op, const UpdateTensors& t, si
       TANDEM_CHECK_AS(TypeError, master.dtype() == DType::f32 && is_half(p.dtype()), op, ": master weight ", i,
                       " is ", master.dtype(), " for a ", p.dtype(), " parameter; master weights are f32, for f16 "
                       "and bf16 parameters");
-      TANDEM_CHECK_AS(ValueError, master.shape() == p.shape() && master.is_contiguous(), op, ": master weight ", i,
-                      " must be contiguous and of its parameter's shape ", shape_str(p.shape()));
+      TANDEM_CHECK_AS(ValueError, master.shape() == p.shape() && layout_is_dense(master.shape(), master.strides()), op,
+                      ": master weight ", i, " must be dense and of its parameter's shape ", shape_str(p.shape()));
     }
     if (t.found_inf.defined()) check_scalar_f32(op, "found_inf", t.found_inf, p);
     if (t.inv_scale.defined()) check_scalar_f32(op, "inv_scale", t.inv_scale, p);
@@ -85,13 +91,22 @@ std::vector<UpdateGroup> group_update(const char* op, const UpdateTensors& t, si
       it = groups.end() - 1;
     }
     UpdateTensors& out = it->tensors;
-    Tensor work = contiguous(p);
-    if (!work.is_same(p)) it->write_back.emplace_back(p, work);
-    out.params.push_back(work);
-    out.grads.push_back(contiguous(g));
-    for (size_t k = 0; k < roles; ++k) out.states[k].push_back(t.states[k][i]);
+    // A parameter laid out densely but not row-major (channels-last) whose gradient, state and
+    // master share its strides is updated in place through flat views: no copies.
+    bool flat_update = !p.is_contiguous() && layout_is_dense(p.shape(), p.strides()) && g.strides() == p.strides() &&
+                       (!master.defined() || master.strides() == p.strides());
+    for (size_t k = 0; k < roles; ++k) flat_update = flat_update && t.states[k][i].strides() == p.strides();
+    auto work_on = [&](const Tensor& x) {  // x itself, or a row-major copy written back after
+      if (flat_update) return flat(x);
+      Tensor work = contiguous(x);
+      if (!work.is_same(x)) it->write_back.emplace_back(x, work);
+      return work;
+    };
+    out.params.push_back(work_on(p));
+    out.grads.push_back(flat_update ? flat(g) : contiguous(g));
+    for (size_t k = 0; k < roles; ++k) out.states[k].push_back(work_on(t.states[k][i]));
     if (with_steps) out.steps.push_back(t.steps[i]);
-    out.masters.push_back(master);
+    out.masters.push_back(master.defined() ? work_on(master) : master);
   }
   for (UpdateGroup& g : groups) {
     const auto& m = g.tensors.masters;
@@ -126,7 +141,7 @@ void adamw_step(const UpdateTensors& t, const AdamWHyper& h) {
 
 void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, const Tensor& inv_scale) {
   const char* op = "non_finite_check_and_unscale_";
-  // Grouped by device and dtype; gradients in another layout go through a contiguous copy.
+  // Grouped by device and dtype; gradients in a layout that is not dense go through a contiguous copy.
   std::vector<std::vector<Tensor>> groups;
   std::vector<std::pair<Tensor, Tensor>> write_back;
   for (const Tensor& g : grads) {
@@ -138,8 +153,9 @@ void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tenso
       return u[0].device() == g.device() && u[0].dtype() == g.dtype();
     });
     if (it == groups.end()) it = groups.insert(groups.end(), std::vector<Tensor>());
-    Tensor work = contiguous(g);
-    if (!work.is_same(g) && inv_scale.defined()) write_back.emplace_back(g, work);
+    // A dense gradient in another order (channels-last) is checked and scaled as its flat run.
+    Tensor work = layout_is_dense(g.shape(), g.strides()) && !g.is_contiguous() ? flat(g) : contiguous(g);
+    if (!work.storage().is_same(g.storage()) && inv_scale.defined()) write_back.emplace_back(g, work);
     it->push_back(work);
   }
   for (const std::vector<Tensor>& group : groups) {

@@ -80,8 +80,17 @@ Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, bool k
 CollapsedDims collapse_dims(const Shape& shape, const std::vector<Strides>& strides) {
   CollapsedDims out;
   out.strides.resize(strides.size());
+  // Visit dims in the last operand's memory order (largest stride first; stable, so a row-major
+  // last operand keeps the logical order): a channels-last output then runs as one dense loop.
+  std::vector<size_t> order;  // the dims of size other than 1, which are all a loop visits
   for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
+    if (shape[d] != 1) order.push_back(d);
+  }
+  if (!strides.empty()) {
+    const Strides& last = strides.back();
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return last[a] > last[b]; });
+  }
+  for (size_t d : order) {
     bool merge = !out.sizes.empty();
     for (size_t k = 0; k < strides.size() && merge; ++k) merge = out.strides[k].back() == strides[k][d] * shape[d];
     if (merge) {

@@ -24,9 +24,11 @@ std::vector<int64_t> reduction_dims(const std::vector<int64_t>& dims, int64_t nd
 // The shape left after reducing `dims` (sorted, wrapped), keeping them as size 1 if keepdim.
 Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, bool keepdim);
 
-// The layout of several same-shaped operands with size-1 dims dropped and adjacent dims merged
-// wherever every operand steps through them contiguously. Loops over the merged dims visit the
-// same elements in the same order with fewer, longer inner runs. Never returns zero dims.
+// The layout of several same-shaped operands with size-1 dims dropped, the rest ordered by the
+// last operand's strides (largest first; row-major order when the last operand is row-major), and
+// adjacent dims merged wherever every operand steps through them contiguously. Loops over the
+// merged dims visit the same elements with fewer, longer inner runs, in the last operand's memory
+// order: elementwise loops pass their output last. Never returns zero dims.
 struct CollapsedDims {
   Shape sizes;                   // merged sizes, outermost first
   std::vector<Strides> strides;  // per operand, in elements, per merged dim

@@ -58,6 +58,15 @@ int64_t wrap_existing_dim(int64_t d, int64_t ndim, const char* op) {
 }
 }  // namespace
 
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  return format == MemoryFormat::contiguous ? is_contiguous() : layout_is(shape(), strides(), format);
+}
+
+MemoryFormat Tensor::suggest_memory_format() const {
+  return !is_contiguous() && is_contiguous(MemoryFormat::channels_last) ? MemoryFormat::channels_last
+                                                                          : MemoryFormat::contiguous;
+}
+
 int64_t Tensor::size(int64_t d) const { return shape()[wrap_existing_dim(d, dim(), "size")]; }
 int64_t Tensor::stride(int64_t d) const { return strides()[wrap_existing_dim(d, dim(), "stride")]; }
 
@@ -103,13 +112,15 @@ double Tensor::item_double() const {
 
 // ---- factories ----
 
-Tensor empty(const Shape& shape, TensorOptions options) {
+Tensor empty(const Shape& shape, TensorOptions options) { return empty(shape, options, MemoryFormat::contiguous); }
+
+Tensor empty(const Shape& shape, TensorOptions options, MemoryFormat format) {
   int64_t n = shape_numel(shape);
   for (int64_t s : shape) {
     TANDEM_CHECK_AS(ValueError, s >= 0, "empty: negative size in shape ", shape_str(shape));
   }
   Storage storage = Storage::allocate(static_cast<size_t>(n) * dtype_size(options.dtype), options.device);
-  return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, options.dtype);
+  return Tensor(std::move(storage), shape, memory_format_strides(shape, format), 0, options.dtype);
 }
 
 Tensor full(const Shape& shape, double value, TensorOptions options) {
@@ -119,6 +130,11 @@ Tensor full(const Shape& shape, double value, TensorOptions options) {
 }
 
 Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
+Tensor zeros(const Shape& shape, TensorOptions options, MemoryFormat format) {
+  Tensor t = empty(shape, options, format);
+  kernels::fill_(t, 0.0);
+  return t;
+}
 Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
 Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
 
@@ -184,9 +200,13 @@ Tensor pin_memory(const Tensor& t) {
   return pinned;
 }
 
-Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.options()); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.options()); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.options()); }
-Tensor full_like(const Tensor& t, double value) { return full(t.shape(), value, t.options()); }
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.options(), t.suggest_memory_format()); }
+Tensor zeros_like(const Tensor& t) { return full_like(t, 0.0); }
+Tensor ones_like(const Tensor& t) { return full_like(t, 1.0); }
+Tensor full_like(const Tensor& t, double value) {
+  Tensor out = empty_like(t);
+  kernels::fill_(out, value);
+  return out;
+}
 
 }  // namespace tandem

@@ -14,6 +14,7 @@
 #include "tandem/core/device.h"
 #include "tandem/core/dtype.h"
 #include "tandem/core/error.h"
+#include "tandem/core/memory_format.h"
 #include "tandem/core/shape.h"
 #include "tandem/core/storage.h"
 
@@ -51,6 +52,12 @@ class Tensor {
   size_t element_size() const { return dtype_size(dtype()); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
   bool is_contiguous() const { return impl().contiguous; }  // row-major, no gaps (cached)
+  // Dense in `format` (channels_last: 4-D with strides (H*W*C, 1, W*C, C); size-1 dims ignored).
+  bool is_contiguous(MemoryFormat format) const;
+  // channels_last for a 4-D tensor laid out channels-last and not also row-major (a tensor that is
+  // both, as with C == 1 or H == W == 1, counts as contiguous); contiguous otherwise. The layout
+  // that outputs computed from this tensor take.
+  MemoryFormat suggest_memory_format() const;
   const Storage& storage() const { return impl().storage; }
   bool is_pinned() const { return impl().storage.is_pinned(); }
   TensorOptions options() const { return TensorOptions(dtype(), device()); }
@@ -126,6 +133,10 @@ class Tensor {
   Tensor expand(const Shape& shape) const;
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
   Tensor contiguous() const;
+  // This tensor laid out in `format` (itself when it already is); the gradient comes back in the
+  // input's layout. to(format) is the same op, named as in PyTorch's x.to(memory_format=...).
+  Tensor contiguous(MemoryFormat format) const;
+  Tensor to(MemoryFormat format) const;
   Tensor clone() const;
   Tensor sum(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
   Tensor mean(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
@@ -174,7 +185,9 @@ std::ostream& operator<<(std::ostream& out, const Tensor& t);
 
 // ---- factories (no autograd history; call requires_grad_() on the result for a parameter) ----
 Tensor empty(const Shape& shape, TensorOptions options = {});
+Tensor empty(const Shape& shape, TensorOptions options, MemoryFormat format);  // strides of `format`
 Tensor zeros(const Shape& shape, TensorOptions options = {});
+Tensor zeros(const Shape& shape, TensorOptions options, MemoryFormat format);
 Tensor ones(const Shape& shape, TensorOptions options = {});
 Tensor full(const Shape& shape, double value, TensorOptions options = {});
 Tensor arange(double start, double end, double step = 1.0, TensorOptions options = {});
@@ -190,6 +203,7 @@ Tensor tensor(std::initializer_list<double> values, TensorOptions options = {});
 // An upload from it returns before the copy has run: do not write into the pinned tensor again
 // until the device's stream has passed the copy (cuda::synchronize, or an event).
 Tensor pin_memory(const Tensor& t);
+// The *_like factories keep t's memory format (t.suggest_memory_format()), as PyTorch's do.
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);

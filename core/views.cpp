@@ -181,4 +181,11 @@ Tensor unsqueeze(const Tensor& x, int64_t dim) {
   return x.as_strided(shape, strides, x.offset());
 }
 
+Tensor view_in_format(const Tensor& flat, const Shape& shape, MemoryFormat format) {
+  TANDEM_CHECK_AS(ValueError, flat.is_contiguous() && flat.numel() == shape_numel(shape), "view_in_format: a ",
+                  "contiguous tensor of ", shape_numel(shape), " elements is needed for shape ", shape_str(shape),
+                  ", got shape ", shape_str(flat.shape()), " with strides ", shape_str(flat.strides()));
+  return flat.as_strided(shape, memory_format_strides(shape, format), flat.offset());
+}
+
 }  // namespace tandem::views

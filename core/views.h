@@ -21,6 +21,9 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
 Tensor squeeze(const Tensor& x, int64_t dim);  // only that dim, which must have size 1
 Tensor squeeze_all(const Tensor& x);           // every size-1 dim
 Tensor unsqueeze(const Tensor& x, int64_t dim);
+// A contiguous run of shape_numel(shape) elements viewed as `shape` laid out in `format` (how a
+// flat buffer holds a tensor in its own memory format, e.g. a channels-last gradient in a bucket).
+Tensor view_in_format(const Tensor& flat, const Shape& shape, MemoryFormat format);
 
 // Resolves a -1 in `shape` against numel; checks the element counts agree.
 Shape infer_shape(const Shape& shape, int64_t numel, const char* op);

@@ -147,8 +147,13 @@ void DistributedDataParallel::check_same_model_everywhere() {
 void DistributedDataParallel::broadcast_from_rank0(const std::vector<Tensor>& tensors, const std::string& label) {
   std::vector<std::shared_ptr<Work>> works;
   for (const Tensor& t : tensors) {
-    TANDEM_CHECK_AS(ValueError, t.is_contiguous(), "DistributedDataParallel: parameters and buffers must be contiguous");
-    works.push_back(world().group_for(t.device()).broadcast(t, 0, label));
+    // A dense tensor in another order (channels-last) is broadcast as the run of memory it fills:
+    // every rank builds the same model, so every rank lays it out the same way.
+    const bool dense = layout_is_dense(t.shape(), t.strides());
+    TANDEM_CHECK_AS(ValueError, dense, "DistributedDataParallel: parameters and buffers must be dense (row-major or "
+                    "channels-last), got shape ", shape_str(t.shape()), " with strides ", shape_str(t.strides()));
+    const Tensor run = t.is_contiguous() ? t : t.as_strided({t.numel()}, {1}, t.offset());
+    works.push_back(world().group_for(t.device()).broadcast(run, 0, label));
   }
   for (auto& w : works) w->wait();
 }
@@ -349,7 +354,9 @@ int64_t DistributedDataParallel::next_slot(const Bucket& b) const {
 
 Tensor DistributedDataParallel::slot(const Bucket& b, size_t k) const {
   const Tensor& p = params_[b.params[k]];
-  return views::view(views::narrow(b.buffer, 0, b.offsets[k], p.numel()), p.shape());
+  // In the parameter's layout: a channels-last weight's gradient stays channels-last in the bucket.
+  return views::view_in_format(views::narrow(b.buffer, 0, b.offsets[k], p.numel()), p.shape(),
+                               p.suggest_memory_format());
 }
 
 // Stage 2 released the bucket after its reduce-scatter: a new one, stale (its gradients are

@@ -79,7 +79,8 @@ void ZeroRedundancyOptimizer::make_flat_parameters() {
     const std::vector<int64_t> offsets = ddp_.bucket_offsets(b);
     for (size_t k = 0; k < plan[b].size(); ++k) {
       const Tensor& p = params[plan[b][k]];
-      Tensor slot = views::view(views::narrow(flat, 0, offsets[k], p.numel()), p.shape());
+      Tensor slot = views::view_in_format(views::narrow(flat, 0, offsets[k], p.numel()), p.shape(),
+                                          p.suggest_memory_format());  // keeps a channels-last layout
       kernels::copy_(slot, p);
       p.set_data(slot);
     }

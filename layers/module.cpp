@@ -100,6 +100,18 @@ void Module::to(DType dtype) {
   for (auto& [name, child] : children_) child->to(dtype);
 }
 
+void Module::to(MemoryFormat format) {
+  NoGradGuard no_grad;
+  for (const auto* list : {&parameters_, &buffers_}) {
+    for (const auto& [name, t] : *list) {
+      if (t.dim() != 4) continue;
+      t.set_data(kernels::contiguous(t, format));
+      if (t.grad().defined()) t.set_grad(kernels::contiguous(t.grad(), format));
+    }
+  }
+  for (auto& [name, child] : children_) child->to(format);
+}
+
 void Module::zero_grad(bool set_to_none) {
   for (const Tensor& p : parameters()) {
     if (!p.grad().defined()) continue;

@@ -44,6 +44,10 @@ class Module {
   // Moves parameters and buffers in place. to(dtype) converts floating tensors only.
   void to(Device device);
   virtual void to(DType dtype);
+  // Lays out every 4-D parameter and buffer (and gradient) in `format`, in place, as PyTorch's
+  // model.to(memory_format=torch.channels_last) does: channels-last convolution weights make the
+  // convolutions run channels-last. Other tensors are left as they are.
+  void to(MemoryFormat format);
   // Drops (set_to_none) or zeroes every parameter's gradient.
   void zero_grad(bool set_to_none = true);
 

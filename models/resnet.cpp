@@ -37,7 +37,7 @@ Tensor BasicBlock::forward(const Tensor& x) {
   return bn2->forward_relu((*conv2)(y), shortcut);            // relu(bn2(conv2(y)) + shortcut)
 }
 
-ResNet18::ResNet18(int64_t num_classes, TensorOptions options) {
+ResNet18::ResNet18(int64_t num_classes, TensorOptions options, MemoryFormat memory_format) {
   TANDEM_CHECK_AS(ValueError, num_classes > 0, "ResNet18: num_classes must be positive, got ", num_classes);
   conv1 = register_module("conv1", conv(3, 64, 3, 1, options));
   bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(64, 1e-5, 0.1, options));
@@ -46,6 +46,7 @@ ResNet18::ResNet18(int64_t num_classes, TensorOptions options) {
   layer3 = register_module("layer3", stage(128, 256, 2, options));
   layer4 = register_module("layer4", stage(256, 512, 2, options));
   fc = register_module("fc", std::make_shared<nn::Linear>(512, num_classes, true, options));
+  if (memory_format != MemoryFormat::contiguous) to(memory_format);
 }
 
 Tensor ResNet18::forward(const Tensor& x) {

@@ -31,7 +31,11 @@ class BasicBlock : public nn::Module {
 
 class ResNet18 : public nn::Module {
  public:
-  explicit ResNet18(int64_t num_classes = 10, TensorOptions options = {});
+  // memory_format channels_last lays the convolution weights out channels-last (Module::to), so
+  // that with channels-last images (x.to(MemoryFormat::channels_last)) every activation stays
+  // channels-last through the network and the convolutions run cuDNN's NHWC kernels.
+  explicit ResNet18(int64_t num_classes = 10, TensorOptions options = {},
+                    MemoryFormat memory_format = MemoryFormat::contiguous);
   Tensor forward(const Tensor& x) override;  // (N, 3, H, W) images -> (N, num_classes) logits
   std::shared_ptr<nn::Conv2d> conv1;
   std::shared_ptr<nn::BatchNorm2d> bn1;

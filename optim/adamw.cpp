@@ -63,8 +63,8 @@ void AdamW::update(ParamGroup& base, const std::vector<Item>& items, const StepS
     if (state.buffers.count("exp_avg") == 0) {
       const Tensor& p = item.param;
       TensorOptions options(optimizer_state_dtype(p.dtype()), p.device());
-      state.buffers["exp_avg"] = zeros(p.shape(), options);
-      state.buffers["exp_avg_sq"] = zeros(p.shape(), options);
+      state.buffers["exp_avg"] = zeros(p.shape(), options, p.suggest_memory_format());  // in p's layout
+      state.buffers["exp_avg_sq"] = zeros(p.shape(), options, p.suggest_memory_format());
     }
     lists.params.push_back(item.param);
     lists.grads.push_back(item.grad);

@@ -134,7 +134,7 @@ void Optimizer::step_impl(const StepScaling* scaling, const std::function<bool(c
       if (has_master(p)) {
         auto found = state.buffers.find("master");
         if (found == state.buffers.end()) {
-          master = empty(p.shape(), TensorOptions(DType::f32, p.device()));
+          master = empty(p.shape(), TensorOptions(DType::f32, p.device()), p.suggest_memory_format());
           kernels::copy_(master, p);
           state.buffers["master"] = master;
         } else {

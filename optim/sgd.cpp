@@ -72,7 +72,8 @@ void SGD::update(ParamGroup& base, const std::vector<Item>& items, const StepSca
         // was, and the next step reads it (buf = momentum * 0 + (1 - dampening) * g, which is
         // PyTorch's first-step buf = g unless dampening is set).
         const Tensor& p = item.param;
-        buffer = zeros(p.shape(), TensorOptions(optimizer_state_dtype(p.dtype()), p.device()));
+        buffer = zeros(p.shape(), TensorOptions(optimizer_state_dtype(p.dtype()), p.device()),
+                       p.suggest_memory_format());  // in p's layout, so the update needs no copies
         item.state->buffers["momentum_buffer"] = buffer;
         created.push_back(item.state);
       } else {

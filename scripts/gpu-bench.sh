@@ -4,7 +4,10 @@
 # (median ms), tandem / PyTorch, scaling efficiency (1-GPU step / N-GPU step at a fixed batch per
 # GPU) and peak GPU memory. PyTorch runs eager, and with torch.compile on 1 GPU when compile=1.
 # JSON and logs per run under $OUT; the table is printed last and saved as $OUT/bench_table.txt.
+# channels_last=1 runs resnet18 channels-last (NHWC) in both, --channels-last to each program
+# (the other workloads have no convolutions and run as they are).
 # Usage: scripts/gpu-bench.sh [workloads=mlp,gpt2,resnet18] [precisions=tf32,bf16] [gpus=1,2] [compile=1]
+#                             [channels_last=1]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/gpu-logs}
@@ -15,34 +18,38 @@ workloads=mlp,gpt2,resnet18
 precisions=tf32,bf16
 gpus=1,2
 compile=0
+channels_last=0
 for a in "$@"; do
   case $a in
     workloads=*) workloads=${a#workloads=} ;;
     precisions=*) precisions=${a#precisions=} ;;
     gpus=*) gpus=${a#gpus=} ;;
     compile=*) compile=${a#compile=} ;;
+    channels_last=*) channels_last=${a#channels_last=} ;;
     *) echo "gpu-bench: unknown argument '$a'" >&2; exit 2 ;;
   esac
 done
 
 for w in ${workloads//,/ }; do
+  layout=()  # the memory-format flag, for the workload it applies to
+  if [ "$channels_last" = 1 ] && [ "$w" = resnet18 ]; then layout=(--channels-last); fi
   for p in ${precisions//,/ }; do
     tag=${w}_$p
     for n in ${gpus//,/ }; do
       if [ "$n" = 1 ]; then
-        timeout 240 "$bin" --workload "$w" --precision "$p" --json "$out/tandem_${tag}_1.json" \
+        timeout 240 "$bin" --workload "$w" --precision "$p" "${layout[@]}" --json "$out/tandem_${tag}_1.json" \
           > "$out/tandem_${tag}_1.log" 2>&1 || echo "tandem $tag 1 GPU FAILED"
-        timeout 300 python3 "$ref" --workload "$w" --precision "$p" --json "$out/torch_${tag}_1.json" \
+        timeout 300 python3 "$ref" --workload "$w" --precision "$p" "${layout[@]}" --json "$out/torch_${tag}_1.json" \
           > "$out/torch_${tag}_1.log" 2>&1 || echo "pytorch $tag 1 GPU FAILED"
         if [ "$compile" = 1 ]; then
-          timeout 400 python3 "$ref" --workload "$w" --precision "$p" --compile --json "$out/compiled_${tag}_1.json" \
+          timeout 400 python3 "$ref" --workload "$w" --precision "$p" "${layout[@]}" --compile --json "$out/compiled_${tag}_1.json" \
             > "$out/compiled_${tag}_1.log" 2>&1 || echo "pytorch compiled $tag 1 GPU FAILED"
         fi
       else
-        timeout 240 mpirun -np "$n" --bind-to none "$bin" --workload "$w" --precision "$p" \
+        timeout 240 mpirun -np "$n" --bind-to none "$bin" --workload "$w" --precision "$p" "${layout[@]}" \
           --json "$out/tandem_${tag}_$n.json" > "$out/tandem_${tag}_$n.log" 2>&1 || echo "tandem $tag $n GPUs FAILED"
         timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node "$n" "$ref" --workload "$w" \
-          --precision "$p" --json "$out/torch_${tag}_$n.json" > "$out/torch_${tag}_$n.log" 2>&1 ||
+          --precision "$p" "${layout[@]}" --json "$out/torch_${tag}_$n.json" > "$out/torch_${tag}_$n.log" 2>&1 ||
           echo "pytorch $tag $n GPUs FAILED"
       fi
     done

@@ -117,6 +117,16 @@ Tensor contiguous(const Tensor& x) {
   return clone(x);
 }
 
+Tensor contiguous(const Tensor& x, MemoryFormat format) {
+  if (x.is_contiguous(format)) return x;
+  return record(kernels::clone(x, format), "contiguous", {x},
+                [input_format = x.suggest_memory_format()](const Tensor& g) -> std::vector<Tensor> {
+                  return {kernels::contiguous(g, input_format)};
+                });
+}
+
+Tensor to(const Tensor& x, MemoryFormat format) { return contiguous(x, format); }
+
 Tensor clone(const Tensor& x) {
   return record(kernels::clone(x), "clone", {x}, [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
 }

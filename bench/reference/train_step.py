@@ -66,6 +66,7 @@ class WorkloadSpec:
     gpt2: GPT2Config = dataclasses.field(default_factory=GPT2Config)
     num_classes: int = 10
     image_size: int = 32
+    channels_last: bool = False  # resnet18: model and images in torch.channels_last
 
     def batch_or_default(self):
         return self.batch if self.batch > 0 else DEFAULT_BATCH[self.name]
@@ -211,8 +212,11 @@ def make_model(spec):
         return nn.Sequential(*layers)
     if spec.name == "gpt2":
         return GPT2(spec.gpt2)
+    if spec.channels_last and spec.name != "resnet18":
+        raise ValueError(f"channels-last applies to the resnet18 workload only (its convolutions), not to {spec.name}")
     if spec.name == "resnet18":
-        return ResNet18(spec.num_classes)
+        model = ResNet18(spec.num_classes)
+        return model.to(memory_format=torch.channels_last) if spec.channels_last else model
     raise ValueError(f"unknown workload '{spec.name}': expected mlp, gpt2 or resnet18")
 
 
@@ -244,6 +248,8 @@ def make_batch(spec, dtype, device):
         S = spec.image_size
         images = torch.randn(B, 3, S, S, device=device).to(dtype)  # (B, 3, S, S)
         labels = torch.randint(0, spec.num_classes, (B,), device=device)  # (B,)
+        if spec.channels_last:  # the same values, laid out NHWC once (the batch is drawn once)
+            images = images.contiguous(memory_format=torch.channels_last)
         return images, labels
     raise ValueError(f"unknown workload '{spec.name}': expected mlp, gpt2 or resnet18")
 
@@ -315,6 +321,8 @@ def main():
                         help="samples (gpt2: sequences) per step, per GPU; 0: the workload's default "
                              "(mlp 1024, gpt2 8, resnet18 256)")
     parser.add_argument("--seq-len", type=int, default=0, help="gpt2: tokens per sequence; 0: the context, 1024")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="resnet18: model and images in torch.channels_last (NHWC), as train_step --channels-last")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--steps", type=int, default=50, help="timed steps")
     parser.add_argument("--json", help="also write the result JSON to this file")
@@ -343,7 +351,7 @@ def main():
     model_dtype = DTYPES[args.precision] if half and not args.autocast else torch.float32
     autocast_dtype = DTYPES[args.precision] if half and args.autocast else None
 
-    spec = WorkloadSpec(name=args.workload, batch=args.batch, seq_len=args.seq_len)
+    spec = WorkloadSpec(name=args.workload, batch=args.batch, seq_len=args.seq_len, channels_last=args.channels_last)
     batch = spec.batch_or_default()
     torch.manual_seed(0)
     model = to_precision(make_model(spec).to(device), model_dtype)
@@ -430,6 +438,7 @@ def main():
         "device": str(device),
         "batch": batch,
         "seq_len": spec.seq_len_or_default() if args.workload == "gpt2" else None,
+        "channels_last": args.channels_last,
         "params": params,
         "step_ms_median": med,
         "step_ms_min": low,

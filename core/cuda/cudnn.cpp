@@ -1,4 +1,5 @@
-// Pooling through cuDNN's (v7-style) descriptor API, on NCHW tensors (see cudnn_conv.cpp for
+// Pooling through cuDNN's (v7-style) descriptor API, on NCHW or channels-last tensors (the
+// descriptors carry the strides, so NHWC pools without a transpose; see cudnn_conv.cpp for
 // convolutions; batch norm has kernels of its own in batch_norm.cu). Deterministic mode takes
 // cuDNN's deterministic max pooling, whose backward adds overlapping windows in a fixed order.
 #include "tandem/core/cuda/cudnn_common.h"

@@ -1,7 +1,7 @@
 #pragma once
 // What the cuDNN translation units share (cudnn.cpp: pooling; cudnn_conv.cpp:
 // convolution): the checked-call macro, one handle per device, dtype mapping and the RAII
-// descriptors of the (v7-style) descriptor API.
+// descriptors of the (v7-style) descriptor API, which take row-major and channels-last tensors.
 #include <cudnn.h>
 
 #include <algorithm>
@@ -73,16 +73,21 @@ struct Scalars {
 };
 inline const Scalars kScalars;
 
+// A 4-D tensor's descriptor with its own strides, so NCHW and channels-last (NHWC strides) both
+// describe themselves; shorter shapes (per-channel (C,) tensors) are row-major (1, C, 1, 1).
 class TensorDesc {
  public:
-  TensorDesc(const Tensor& t) : TensorDesc(t.dtype(), t.shape()) {}  // NOLINT
-  TensorDesc(DType dtype, const Shape& s) {
+  TensorDesc(const Tensor& t)  // NOLINT
+      : TensorDesc(t.dtype(), t.shape(), t.dim() == 4 ? t.strides() : Strides()) {}
+  TensorDesc(DType dtype, const Shape& s, Strides strides = {}) {
     TANDEM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&desc_));
     Shape four = s;
-    while (four.size() < 4) four.push_back(1);  // per-channel (C,) tensors as (1, C, 1, 1) below
-    TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc_, CUDNN_TENSOR_NCHW, data_type(dtype), static_cast<int>(four[0]),
-                                                  static_cast<int>(four[1]), static_cast<int>(four[2]),
-                                                  static_cast<int>(four[3])));
+    while (four.size() < 4) four.push_back(1);
+    if (strides.size() != 4) strides = contiguous_strides(four);
+    auto i = [](int64_t v) { return static_cast<int>(v); };
+    TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptorEx(desc_, data_type(dtype), i(four[0]), i(four[1]), i(four[2]),
+                                                    i(four[3]), i(strides[0]), i(strides[1]), i(strides[2]),
+                                                    i(strides[3])));
   }
   ~TensorDesc() { cudnnDestroyTensorDescriptor(desc_); }
   TensorDesc(const TensorDesc&) = delete;
@@ -95,9 +100,14 @@ class TensorDesc {
 
 class FilterDesc {
  public:
+  // A weight with channels-last strides is an NHWC filter (sizes still given as K, C, R, S); the
+  // exact strides decide, so a 1x1 weight given channels-last strides is NHWC too.
   explicit FilterDesc(const Tensor& w) {
     TANDEM_CUDNN_CHECK(cudnnCreateFilterDescriptor(&desc_));
-    TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(desc_, data_type(w.dtype()), CUDNN_TENSOR_NCHW,
+    const bool nhwc = w.dim() == 4 && w.strides() == memory_format_strides(w.shape(), MemoryFormat::channels_last) &&
+                      w.strides() != contiguous_strides(w.shape());
+    const cudnnTensorFormat_t format = nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(desc_, data_type(w.dtype()), format,
                                                   static_cast<int>(w.shape()[0]), static_cast<int>(w.shape()[1]),
                                                   static_cast<int>(w.shape()[2]), static_cast<int>(w.shape()[3])));
   }

@@ -1,4 +1,6 @@
-// 2-D convolution through cuDNN, on NCHW tensors: forward, backward data and backward filter.
+// 2-D convolution through cuDNN, on NCHW or channels-last (NHWC strides) tensors: forward,
+// backward data and backward filter. The three tensors of a call share one layout (core/conv.cpp
+// decides it), and the descriptors carry their strides.
 // Every shape and direction goes through cuDNN's graph (backend) API, as PyTorch runs its
 // convolutions: an operation graph, engine configs from cuDNN's heuristics, the first that
 // builds and runs kept as an execution plan per shape (or, in benchmark mode, the fastest of
@@ -63,7 +65,8 @@ const SelectOptions& select_options() {
 
 std::string describe(Direction dir, const ConvTensors& t, const Conv2dParams& p) {
   return detail::concat("conv2d ", direction_name(dir), " ", dtype_name(t.x.dtype()), " x", shape_str(t.x.shape()),
-                        " w", shape_str(t.w.shape()), " stride ", p.stride_h, " pad ", p.pad_h,
+                        " w", shape_str(t.w.shape()), " stride ", p.stride_h, " pad ", p.pad_h, " ",
+                        memory_format_name(t.x.suggest_memory_format()),
                         timed_choice() ? " (benchmark)" : "",
                         are_deterministic_algorithms_enabled() ? " (deterministic)" : "");
 }
@@ -139,10 +142,12 @@ int64_t alignment_of(const void* p) {
   return alignment;
 }
 
-BackendDesc tensor_desc(int64_t uid, DType dtype, const Shape& shape, int64_t alignment) {
+// The tensor's own strides go to cuDNN: NCHW, or NHWC strides for a channels-last tensor, which
+// cuDNN's NHWC (tensor-core native) kernels read without a transpose.
+BackendDesc tensor_desc(int64_t uid, const Tensor& t, int64_t alignment) {
   BackendDesc d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  std::vector<int64_t> dims(shape.begin(), shape.end()), strides(shape.size(), 1);
-  for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * dims[i];  // NCHW, contiguous
+  const DType dtype = t.dtype();
+  std::vector<int64_t> dims(t.shape().begin(), t.shape().end()), strides(t.strides().begin(), t.strides().end());
   cudnnDataType_t type = data_type(dtype);
   d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
   d.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, static_cast<int64_t>(dims.size()), dims.data());
@@ -163,9 +168,9 @@ std::shared_ptr<ConvGraph> build_conv_graph(Direction dir, cudnnHandle_t h, cons
                                             const Conv2dParams& p) {
   auto g = std::make_shared<ConvGraph>();
   const DType dtype = t.x.dtype();
-  g->x = tensor_desc(kUidX, dtype, t.x.shape(), alignment_of(t.x.data_ptr()));
-  g->w = tensor_desc(kUidW, dtype, t.w.shape(), alignment_of(t.w.data_ptr()));
-  g->y = tensor_desc(kUidY, dtype, t.y.shape(), alignment_of(t.y.data_ptr()));
+  g->x = tensor_desc(kUidX, t.x, alignment_of(t.x.data_ptr()));
+  g->w = tensor_desc(kUidW, t.w, alignment_of(t.w.data_ptr()));
+  g->y = tensor_desc(kUidY, t.y, alignment_of(t.y.data_ptr()));
 
   g->conv = BackendDesc(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   cudnnDataType_t comp = compute_type(dtype);  // f32 for f16/bf16, as PyTorch sets it
@@ -449,8 +454,10 @@ struct ConvPlan {
   DirectionChoice dir[3];
 };
 
+// Device, dtype, math type, x and w shapes, the parameters, choice modes, alignments, and the
+// layout: x, w and y strides (row-major or channels-last; a plan is built for its strides).
 using ConvKey = std::tuple<int, int, int, Shape, Shape, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           bool, bool, int64_t>;
+                           bool, bool, int64_t, Strides, Strides, Strides>;
 
 void convolve(Direction dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
   static const char* names[] = {"conv2d", "conv2d_backward_input", "conv2d_backward_weight"};
@@ -465,7 +472,8 @@ void convolve(Direction dir, const Tensor& x, const Tensor& w, const Tensor& y, 
   static std::mutex mutex;
   static std::map<ConvKey, std::unique_ptr<ConvPlan>> plans;
   ConvKey key{device, static_cast<int>(x.dtype()), static_cast<int>(math_type(x.dtype())), x.shape(), w.shape(),
-              p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w, p.groups, timed_choice(), are_deterministic_algorithms_enabled(), alignments};
+              p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w, p.groups, timed_choice(),
+              are_deterministic_algorithms_enabled(), alignments, x.strides(), w.strides(), y.strides()};
   ConvPlan* plan = nullptr;
   DirectionChoice* c = nullptr;
   {

@@ -21,6 +21,16 @@ constexpr int vector_width() {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Whether every operand has out's shape and strides and out is dense (row-major, channels-last or
+// any other dense order): then element i of each is at offset i, and the flat kernels apply.
+inline bool same_dense_layout(const Tensor& out, std::initializer_list<const Tensor*> inputs) {
+  for (const Tensor* t : inputs) {
+    if (t->shape() != out.shape()) return false;
+    if (t->strides() != out.strides() && !(t->is_contiguous() && out.is_contiguous())) return false;
+  }
+  return out.is_contiguous() || layout_is_dense(out.shape(), out.strides());
+}
+
 template <int V, typename TA, typename TO, typename F>
 __global__ void map1_contiguous(int64_t n, const TA* __restrict__ a, TO* __restrict__ out, F f) {
   int64_t n_vec = n / V;
@@ -97,7 +107,7 @@ void map1(const char* name, const Tensor& a, const Tensor& out, F f) {
   cudaStream_t stream = stream_of(out);
   const TA* pa = device_ptr<const TA>(a);
   TO* po = device_ptr<TO>(out);
-  if (a.is_contiguous() && out.is_contiguous() && a.shape() == out.shape()) {
+  if (same_dense_layout(out, {&a})) {
     constexpr int V = vector_width<TA, TO>();
     bool vec = aligned16(pa) && aligned16(po);
     if (vec) map1_contiguous<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, po, f);
@@ -119,8 +129,7 @@ void map2(const char* name, const Tensor& a, const Tensor& b, const Tensor& out,
   const TA* pa = device_ptr<const TA>(a);
   const TB* pb = device_ptr<const TB>(b);
   TO* po = device_ptr<TO>(out);
-  if (a.is_contiguous() && b.is_contiguous() && out.is_contiguous() && a.shape() == out.shape() &&
-      b.shape() == out.shape()) {
+  if (same_dense_layout(out, {&a, &b})) {
     constexpr int V = vector_width<TA, TB, TO>();
     bool vec = aligned16(pa) && aligned16(pb) && aligned16(po);
     if (vec) map2_contiguous<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, f);

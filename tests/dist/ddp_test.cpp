@@ -40,6 +40,18 @@ std::shared_ptr<nn::Sequential> make_cnn(TensorOptions o) {
       std::make_shared<nn::Linear>(4 * 4 * 4, 5, true, o)});
 }
 
+// A CNN over three-channel images with its convolution weights channels-last: DDP's bucket views
+// of their gradients keep that layout.
+std::shared_ptr<nn::Sequential> make_channels_last_cnn(TensorOptions o) {
+  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Conv2d>(3, 4, 3, nn::Conv2dOptions{1, 1}, o),
+      std::make_shared<nn::BatchNorm2d>(4, 1e-5, 0.1, o), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Conv2d>(4, 4, 3, nn::Conv2dOptions{2, 1}, o),
+      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(4 * 4 * 4, 5, true, o)});
+  net->to(MemoryFormat::channels_last);
+  return net;
+}
+
 // Copies every parameter and buffer of `from` into `to` (same architecture).
 void copy_model(nn::Module& from, nn::Module& to) {
   std::map<std::string, Tensor> state;
@@ -98,6 +110,22 @@ TEST(Ddp, TwoRanksEqualOneProcessWithTheGlobalBatchMlp) {
 TEST(Ddp, TwoRanksEqualOneProcessWithTheGlobalBatchCnn) {
   REQUIRE_TWO_RANKS();
   check_equivalence(make_cnn, {6, 1, 8, 8}, true);
+}
+
+TEST(Ddp, TwoRanksEqualOneProcessWithTheGlobalBatchChannelsLastCnn) {
+  REQUIRE_TWO_RANKS();
+  check_equivalence(make_channels_last_cnn, {6, 3, 8, 8}, true);
+  // The layout survives DDP: weights and their bucket-view gradients are still channels-last.
+  TensorOptions o(DType::f32, test_device());
+  manual_seed(7);
+  auto model = make_channels_last_cnn(o);
+  DistributedDataParallel ddp(model, {0.001, 0.0005});
+  cross_entropy(ddp(randn({6, 3, 8, 8}, o)), zeros({6}, TensorOptions(DType::i64, o.device))).backward();
+  for (const auto& [name, p] : model->named_parameters()) {
+    if (p.dim() != 4) continue;
+    EXPECT_TRUE(p.is_contiguous(MemoryFormat::channels_last)) << name;
+    EXPECT_TRUE(p.grad().is_contiguous(MemoryFormat::channels_last)) << name;
+  }
 }
 
 TEST(Ddp, ConstructionBroadcastsRankZerosParameters) {
