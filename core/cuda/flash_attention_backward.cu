@@ -20,6 +20,26 @@ namespace {
 
 using namespace flash;
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+// delta[row] = sum_d grad_out[row, d] * out[row, d]; one warp per (b, h, query) row.
+__global__ void attention_delta_kernel(Params p, int64_t rows) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int bh = static_cast<int>(row / p.tq), query = static_cast<int>(row % p.tq);
+  const int b = bh / p.heads, h = bh % p.heads;
+  const float* dy = p.grad_out.row(b, h, query);  // (D,)
+  const float* y = p.out.row(b, h, query);        // (D,)
+  float sum = 0.f;
+  for (int c = 4 * (threadIdx.x & 31); c < p.d; c += 128) {
+    const float4 a = *reinterpret_cast<const float4*>(dy + c), o = *reinterpret_cast<const float4*>(y + c);
+    sum += a.x * o.x + a.y * o.y + a.z * o.z + a.w * o.w;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if ((threadIdx.x & 31) == 0) p.delta[row] = sum;
+}
+
 template <int kD, bool kExact>
 __global__ void __launch_bounds__(kThreads) attention_grad_q_kernel(Params p, int q_tiles) {
   constexpr int kP = pitch<kD>(), kC = inner_cols<kD>();
@@ -37,7 +57,13 @@ __global__ void __launch_bounds__(kThreads) attention_grad_q_kernel(Params p, in
   load_tile<kD>(sq, p.q, b, h, q0, kTileRows, p.tq, p.d);
   load_tile<kD>(sdo, p.grad_out, b, h, q0, kTileRows, p.tq, p.d);
   float lse2[2], delta[2];  // rows g and g + 8: log-sum-exp in base 2, and delta
-  load_row_statistics(p, bh, q0 + row0, lse2, delta);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int query = q0 + row0 + g + 8 * i;
+    const int64_t at = static_cast<int64_t>(bh) * p.tq + query;
+    lse2[i] = query < p.tq ? p.lse[at] * kLog2e : 0.f;
+    delta[i] = query < p.tq ? p.delta[at] : 0.f;
+  }
 
   float dq[kD / 8][4] = {};  // (16, kD)
   const int k_end = p.causal ? min(p.tk, q0 + kTileRows) : p.tk;
@@ -52,7 +78,16 @@ __global__ void __launch_bounds__(kThreads) attention_grad_q_kernel(Params p, in
     float dp[kC / 8][4] = {};  // (16, kC) dO v^T
     mma_rows_by_transposed<kExact, kC / 8, kD, kP>(s, sq, row0, sk, 0);
     mma_rows_by_transposed<kExact, kC / 8, kD, kP>(dp, sdo, row0, sv, 0);
-    score_gradients(s, dp, lse2, delta, p, k0, q0 + row0);
+#pragma unroll
+    for (int n = 0; n < kC / 8; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int key = k0 + 8 * n + 2 * t + (r & 1), query = q0 + row0 + g + 8 * (r >> 1);
+        const bool hidden = key >= p.tk || (p.causal && key > query);
+        const float prob = hidden ? 0.f : exp2f(s[n][r] * p.scale_log2 - lse2[r >> 1]);
+        s[n][r] = prob * (dp[n][r] - delta[r >> 1]);
+      }
+    }
     mma_acc_by_interleaved<kExact, kD / 8, kC / 8, kP>(dq, s, sk, 0);
   }
 
@@ -77,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv_kernel(Params p, i
   float* sv = sk + kTileRows * kP;                       // (64, kP) their values
   float* sq = sv + kTileRows * kP;                       // (kC, kP) queries of the current tile
   float* sdo = sq + kC * kP;                             // (kC, kP) their output gradients
-  float* slse = sdo + kC * kP;                           // (kC,) their log-sum-exp
+  float* slse = sdo + kC * kP;                           // (kC,) their log-sum-exp, base 2
   float* sdelta = slse + kC;                             // (kC,) their delta
 
   // Causal blocks with more queries to visit (the first key tiles) start first.
@@ -97,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv_kernel(Params p, i
     load_tile<kD>(sdo, p.grad_out, b, h, q0, kC, p.tq, p.d);
     for (int i = threadIdx.x; i < kC; i += kThreads) {
       const int64_t at = static_cast<int64_t>(bh) * p.tq + q0 + i;
-      slse[i] = q0 + i < p.tq ? p.lse[at] : 0.f;
+      slse[i] = q0 + i < p.tq ? p.lse[at] * kLog2e : 0.f;
       sdelta[i] = q0 + i < p.tq ? p.delta[at] : 0.f;
     }
     __syncthreads();
@@ -106,7 +141,16 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv_kernel(Params p, i
     float st[kC / 8][4] = {};   // (16 keys, kC queries) scores, then P^T, then dS^T
     float dpt[kC / 8][4] = {};  // (16, kC) v dO^T
     mma_rows_by_transposed<kExact, kC / 8, kD, kP>(st, sk, row0, sq, 0);
-    transposed_probabilities(st, slse, p, q0, k0 + row0);
+#pragma unroll
+    for (int n = 0; n < kC / 8; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int col = 8 * n + 2 * t + (r & 1);
+        const int query = q0 + col, key = k0 + row0 + g + 8 * (r >> 1);
+        const bool hidden = query >= p.tq || (p.causal && key > query);
+        st[n][r] = hidden ? 0.f : exp2f(st[n][r] * p.scale_log2 - slse[col]);
+      }
+    }
     mma_acc_by_interleaved<kExact, kD / 8, kC / 8, kP>(dv, st, sdo, 0);
     mma_rows_by_transposed<kExact, kC / 8, kD, kP>(dpt, sv, row0, sdo, 0);
 #pragma unroll
@@ -144,8 +188,11 @@ void launch_backward(const Params& p, int batch_heads, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  launch_backward_passes(p, batch_heads, stream, attention_grad_q_kernel<kD, kExact>, q_shared,
-                         attention_grad_kv_kernel<kD, kExact>, kv_shared, "flash_attention_backward");
+  const int q_tiles = (p.tq + kTileRows - 1) / kTileRows, k_tiles = (p.tk + kTileRows - 1) / kTileRows;
+  attention_grad_q_kernel<kD, kExact><<<q_tiles * batch_heads, kThreads, q_shared, stream>>>(p, q_tiles);
+  check_launch("flash_attention_backward (dq)");
+  attention_grad_kv_kernel<kD, kExact><<<k_tiles * batch_heads, kThreads, kv_shared, stream>>>(p, k_tiles);
+  check_launch("flash_attention_backward (dk, dv)");
 }
 
 template <bool kExact>
@@ -175,7 +222,11 @@ void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
   p.lse = device_ptr<float>(lse);
   p.delta = device_ptr<float>(delta);
 
-  launch_delta(p, s[0] * s[1] * s[2], stream);
+  const int64_t rows = s[0] * s[1] * s[2];
+  constexpr int kRowsPerBlock = 8;
+  attention_delta_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
+                           stream>>>(p, rows);
+  check_launch("flash_attention_backward (delta)");
   const int batch_heads = static_cast<int>(s[0] * s[1]);
   if (matmul_precision() == MatmulPrecision::high) launch_backward_for<false>(p, batch_heads, stream);
   else launch_backward_for<true>(p, batch_heads, stream);

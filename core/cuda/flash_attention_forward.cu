@@ -45,8 +45,37 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(Params p, i
 
     float s[kC / 8][4] = {};  // (16, kC) scores
     mma_rows_by_transposed<kExact, kC / 8, kD, kP>(s, sq, row0, sk, 0);
-    float alpha[2];
-    online_softmax_step<kC / 8>(s, m, l, alpha, p, k0, q0 + row0);
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kC / 8; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int key = k0 + 8 * n + 2 * t + (r & 1), query = q0 + row0 + g + 8 * (r >> 1);
+        float x = s[n][r] * p.scale_log2;
+        if (key >= p.tk || (p.causal && key > query)) x = -INFINITY;
+        s[n][r] = x;
+        tile_max[r >> 1] = fmaxf(tile_max[r >> 1], x);
+      }
+    }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+      const float m_new = fmaxf(m[i], tile_max[i]);
+      base[i] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at zero
+      alpha[i] = exp2f(m[i] - base[i]);
+      m[i] = m_new;
+      l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int n = 0; n < kC / 8; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        s[n][r] = exp2f(s[n][r] - base[r >> 1]);  // probabilities, unnormalised
+        l[r >> 1] += s[n][r];
+      }
+    }
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n) {
 #pragma unroll
@@ -55,9 +84,10 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(Params p, i
     mma_acc_by_interleaved<kExact, kD / 8, kC / 8, kP>(o, s, sv, 0);
   }
 
-  finish_row_sums(l);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
     const int query = q0 + row0 + g + 8 * i;
     if (query >= p.tq) continue;
     const float inv = 1.f / l[i];
@@ -92,10 +122,8 @@ void launch_forward_for(const Params& p, int batch_heads, cudaStream_t stream) {
 
 bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v) {
   const int64_t d = q.shape()[3];
-  const DType dtype = q.dtype();
-  const int64_t d_multiple = dtype == DType::f32 ? 4 : 8;  // 16-byte rows
-  return (dtype == DType::f32 || is_half(dtype)) && k.dtype() == dtype && v.dtype() == dtype && d % d_multiple == 0 &&
-         d <= 128 && q.shape()[2] > 0 && k.shape()[2] > 0;
+  return q.dtype() == DType::f32 && k.dtype() == DType::f32 && v.dtype() == DType::f32 && d % 4 == 0 && d <= 128 &&
+         q.shape()[2] > 0 && k.shape()[2] > 0;
 }
 
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
