@@ -188,7 +188,6 @@ class NcclWorkHandle final : public TrackedWorkHandle {
                     "capture_begin (a capture can only wait for work it captured)");
     static_cast<NcclWork&>(*state_).end->wait(core.device);
   }
-
 };
 
 std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const Fingerprint& fingerprint,

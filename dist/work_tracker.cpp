@@ -342,7 +342,7 @@ bool TrackedWorkHandle::is_completed() {
   std::lock_guard<std::mutex> lock(tracker_->mutex);
   if (state_->done || state_->failed) return true;
   cuda::check_not_capturing("asking whether a collective completed (Work::is_completed)");
-  if (!state_->done && !state_->failed) tracker_->poll(*state_);
+  tracker_->poll(*state_);
   return state_->done || state_->failed;
 }
 
