@@ -26,7 +26,6 @@
 #include "tandem/optim/optimizer.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/optim/sgd.h"
-#include "tandem/optim/update_in_backward.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/graphed_step.h"
 #include "tandem/train/precision.h"

@@ -72,9 +72,6 @@ struct Config {
   // only under mpirun, with its default checks.
   std::string dist_checks;
   bool cuda_graph = false;  // capture the step once as a CUDA graph after warm-up and replay it
-  // AdamW updates each parameter during backward, as soon as its gradient is final
-  // (optim/update_in_backward.h); one process only, no GradScaler.
-  bool update_in_backward = false;
   // Deterministic mode (tandem::use_deterministic_algorithms) for the whole run, and a hash of the
   // final parameters printed and written to the JSON, to compare two runs bit for bit.
   bool deterministic = false;
@@ -99,14 +96,6 @@ int run_benchmark(const Config& cfg) {
   TANDEM_CHECK_AS(ValueError, !cfg.cuda_graph || (cfg.trace.empty() && cfg.profile.empty()),
                   "--cuda-graph records no timings inside the graph: --trace and --profile need an eager step");
   const train::PrecisionPolicy precision = train::PrecisionPolicy::parse(cfg.precision);
-  TANDEM_CHECK_AS(ValueError, !cfg.update_in_backward || (world.size == 1 && cfg.zero == 0 && cfg.dist_checks.empty()),
-                  "--update-in-backward updates each parameter before DDP's all-reduce could reach it: it runs in one "
-                  "process only, without --zero and --dist-checks");
-  TANDEM_CHECK_AS(ValueError, !cfg.update_in_backward || !precision.grad_scaler,
-                  "--update-in-backward cannot take --precision fp16: the gradient scaler checks every gradient for "
-                  "inf before any update");
-  TANDEM_CHECK_AS(ValueError, !cfg.update_in_backward || cfg.profile.empty(),
-                  "--profile times the optimizer step on its own, which --update-in-backward folds into backward");
 
   bench::WorkloadOptions spec;
   spec.name = cfg.workload;
@@ -133,8 +122,6 @@ int run_benchmark(const Config& cfg) {
 
   std::optional<amp::GradScaler> scaler;
   if (precision.grad_scaler) scaler.emplace(device);
-  std::unique_ptr<optim::UpdateInBackward> in_backward;
-  if (cfg.update_in_backward) in_backward = std::make_unique<optim::UpdateInBackward>(*optimizer);
 
   // One step; returns the loss, detached and still on the device, so no step waits for the host.
   auto step_with = [&](optim::Optimizer& opt) -> Tensor {
@@ -161,7 +148,7 @@ int run_benchmark(const Config& cfg) {
     timeline.end();
     timeline.begin("optimizer");
     if (ddp) ddp->step(opt);  // with the last bucket's all-reduce overlapped
-    else if (!in_backward) opt.step();  // else backward has updated the parameters
+    else opt.step();
     timeline.end();
     return loss.detach();
   };
@@ -374,7 +361,6 @@ int run_benchmark(const Config& cfg) {
       {"cuda_graph", graphed ? nlohmann::ordered_json({{"nodes", graphed->graph().num_nodes()},
                                                        {"pool_bytes", graphed->graph().pool_bytes()}})
                              : nlohmann::ordered_json(nullptr)},
-      {"update_in_backward", cfg.update_in_backward},
       {"host_issue_ms", host_issue_ms.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(median(host_issue_ms))},
       {"samples_per_s", samples_per_s},
       {"tokens_per_s", spec.name == "gpt2" ? nlohmann::ordered_json(samples_per_s * tokens) : nullptr},
@@ -468,9 +454,6 @@ int main(int argc, char** argv) {
   app.add_flag("--cuda-graph", cfg.cuda_graph,
                "capture the whole step (forward, backward, DDP's collectives, optimizer, loss scaling) as one CUDA "
                "graph after 3 eager steps and replay it (GPU only)");
-  app.add_flag("--update-in-backward", cfg.update_in_backward,
-               "AdamW updates each parameter during backward, on a second stream, as soon as its gradient is final "
-               "(one process, no fp16 gradient scaler)");
   app.add_flag("--deterministic", cfg.deterministic,
                "deterministic mode (same bits run to run); prints and writes a hash of the final parameters");
   CLI11_PARSE(app, argc, argv);

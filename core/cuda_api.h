@@ -41,9 +41,6 @@ StreamHandle current_stream_handle(int device);  // tandem's compute stream unle
 // A non-blocking stream at the device's highest priority, made once per device and kept for the
 // process (collectives use it, so that they travel while the compute stream is busy).
 StreamHandle high_priority_stream(int device);
-// A second non-blocking stream per device at the default priority, made once and kept for the
-// process, for work that runs beside the compute stream (optimizer updates during backward).
-StreamHandle side_stream(int device);
 
 // cudaSetDevice: `device` is the calling thread's current device from now on.
 void set_device(int device);

@@ -85,22 +85,9 @@ ParamGroup& Optimizer::add_group(std::unique_ptr<ParamGroup> group) {
   return *groups_.back();
 }
 
-namespace {
-void check_not_updated_in_backward(const Optimizer& opt, int attached) {
-  TANDEM_CHECK_AS(ValueError, attached == 0, opt.name(), ": step() was called while an UpdateInBackward is attached: "
-                  "backward() has updated the parameters already and step() would update them a second time; drop "
-                  "the call (a GradScaler or gradient clipping needs every gradient before the update: use step() "
-                  "without an UpdateInBackward there)");
-}
-}  // namespace
-
-void Optimizer::step() {
-  check_not_updated_in_backward(*this, updated_in_backward_);
-  step_impl(nullptr);
-}
+void Optimizer::step() { step_impl(nullptr); }
 
 void Optimizer::step(const StepScaling& scaling) {
-  check_not_updated_in_backward(*this, updated_in_backward_);
   TANDEM_CHECK_AS(ValueError, scaling.found_inf.defined(), name(), ": step(scaling) needs a found_inf tensor");
   step_impl(&scaling);
 }

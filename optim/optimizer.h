@@ -32,8 +32,6 @@ class ZeroRedundancyOptimizer;
 
 namespace tandem::optim {
 
-class UpdateInBackward;
-
 // Parameters that share hyper-parameters. The optimizer-specific ones live in the optimizer's
 // group type (SgdGroup, AdamWGroup), reached through SGD::group(i) or AdamW::group(i).
 struct ParamGroup {
@@ -84,7 +82,6 @@ class Optimizer {
   virtual const char* name() const = 0;
 
   // One update of every parameter that has a gradient; parameters without one are skipped.
-  // Raises while an UpdateInBackward is attached (backward has updated them already).
   void step();
   // The same under a GradScaler, which calls it (see StepScaling).
   void step(const StepScaling& scaling);
@@ -157,8 +154,6 @@ class Optimizer {
  private:
   // ZeRO takes over an optimizer's groups and calls its update() on this rank's shard.
   friend class dist::ZeroRedundancyOptimizer;
-  // Marks the optimizer while it updates during backward (updated_in_backward_).
-  friend class UpdateInBackward;
 
   std::vector<std::pair<std::string, double>> all_hyper_parameters(const ParamGroup& group) const;
   // Inside a graph capture: makes the group's device_hyper and has every replay write it first.
@@ -168,8 +163,6 @@ class Optimizer {
   std::vector<std::string> state_names_of(const Tensor& param) const;  // state_names() + "master"
 
   bool master_weights_;
-  // UpdateInBackward objects attached (0 or 1): backward updates the parameters, so step() raises.
-  int updated_in_backward_ = 0;
 
   std::vector<std::unique_ptr<ParamGroup>> groups_;
   std::vector<std::vector<ParamState>> state_;  // [group][parameter]

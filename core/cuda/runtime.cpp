@@ -95,11 +95,6 @@ StreamHandle high_priority_stream(int device) {
   return streams->get(device);
 }
 
-StreamHandle side_stream(int device) {
-  static auto* streams = new StreamPerDevice(false);
-  return streams->get(device);
-}
-
 void set_device(int device) { TANDEM_CUDA_CHECK(cudaSetDevice(device)); }
 
 StreamGuard::StreamGuard(int device, StreamHandle stream) : device_(device) {

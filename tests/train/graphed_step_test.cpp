@@ -17,7 +17,6 @@
 #include "tandem/layers/layers.h"
 #include "tandem/optim/adamw.h"
 #include "tandem/optim/schedule.h"
-#include "tandem/optim/update_in_backward.h"
 #include "tandem/train/graphed_step.h"
 #include "tandem/train/precision.h"
 
@@ -97,9 +96,6 @@ struct RunOptions {
   std::string precision = "f32";
   bool schedule = false;        // an lr that changes every step
   int overflow_at = -1;         // fp16: this step's input holds an inf, so the GradScaler skips it
-  // AdamW updates during backward (optim/update_in_backward.h), in launches of at least this
-  // many elements (small, so the test models make several on the side stream); 0: opt.step().
-  int64_t update_in_backward = 0;
 };
 
 struct RunResult {
@@ -120,12 +116,6 @@ RunResult train(const Workload& w, const RunOptions& o, bool graphed) {
   optim::StepLR schedule(1, 0.95);
   std::optional<amp::GradScaler> scaler;
   if (precision.grad_scaler) scaler.emplace(kGpu);
-  std::unique_ptr<optim::UpdateInBackward> in_backward;
-  if (o.update_in_backward > 0) {
-    optim::UpdateInBackwardOptions uo;
-    uo.min_elements_per_update = o.update_in_backward;
-    in_backward = std::make_unique<optim::UpdateInBackward>(opt, uo);
-  }
 
   Tensor loss;
   auto step = [&](const std::vector<Tensor>& in) {
@@ -137,7 +127,7 @@ RunResult train(const Workload& w, const RunOptions& o, bool graphed) {
       scaler->update();
     } else {
       loss.backward();
-      if (!in_backward) opt.step();
+      opt.step();
     }
   };
   std::vector<Tensor> statics = w.batch(0, precision.model_dtype);  // shapes and dtypes of every batch
@@ -191,38 +181,6 @@ void expect_graph_matches_eager(const Workload& w, const RunOptions& o) {
   }
   EXPECT_EQ(eager.scale, graphed.scale);
   EXPECT_NE(eager.losses.front(), eager.losses.back());  // it trained
-}
-
-// Updating during backward, on the side stream, eagerly and replayed, gives the bits of
-// backward() then step() eagerly.
-void expect_update_in_backward_matches_step(const Workload& w, const char* precision) {
-  SCOPED_TRACE(w.name + " " + precision + " updated in backward");
-  DeterministicScope deterministic;
-  RunOptions plain{precision};
-  RunOptions in_backward = plain;
-  in_backward.update_in_backward = 4096;
-  RunResult reference = train(w, plain, false);
-  for (bool graphed : {false, true}) {
-    SCOPED_TRACE(graphed ? "replayed" : "eager");
-    RunResult r = train(w, in_backward, graphed);
-    ASSERT_EQ(reference.params.size(), r.params.size());
-    for (size_t i = 0; i < r.params.size(); ++i) {
-      EXPECT_TRUE(same_bits(reference.params[i], r.params[i])) << "parameter " << i << " differs";
-    }
-    for (size_t i = 0; i < r.losses.size(); ++i) {
-      EXPECT_EQ(std::memcmp(&reference.losses[i], &r.losses[i], sizeof(double)), 0)
-          << "step " << i << ": " << reference.losses[i] << " with step(), " << r.losses[i] << " in backward";
-    }
-  }
-}
-
-TEST(GraphedStep, UpdateInBackwardGivesTheBitsOfStepEagerAndReplayed) {
-  SKIP_WITHOUT_GPU();
-  for (const char* p : {"f32", "bf16"}) {
-    expect_update_in_backward_matches_step(mlp_workload(), p);
-    expect_update_in_backward_matches_step(gpt2_workload(), p);  // a tied embedding and head
-  }
-  expect_update_in_backward_matches_step(resnet_workload(), "bf16");
 }
 
 TEST(GraphedStep, MlpReplaysTheEagerBitsInF32AndBf16) {
