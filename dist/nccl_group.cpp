@@ -67,6 +67,7 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
   NcclCore() : WorkTracker(kBackend, own_mutex) {}
   ncclComm_t comm = nullptr;  // null once aborted or destroyed
   int device = 0;
+  bool launch_alone = false;            // InitOptions::nccl_launch_alone
   cuda::StreamHandle stream = nullptr;  // the communication stream
   std::unique_ptr<cuda::Event> ready;   // recorded on the caller's stream before each collective
   std::vector<std::unique_ptr<cuda::Event>> spare_events;
@@ -285,7 +286,7 @@ class NcclGroup final : public TrackedGroup {
     }
     check_disjoint(tensors, kBackend, name);
     const Fingerprint fingerprint = Fingerprint::make(name, count, tensors[0].dtype(), op, -1, label);
-    if (core_->size == 1) return complete_alone(name, bytes, fingerprint);  // sum, avg, max, min of one: itself
+    if (completes_alone()) return complete_alone(name, bytes, fingerprint);  // sum, avg, max, min of one: itself
     auto w = new_state(name, bytes, tensors);
     std::lock_guard<std::mutex> lock(core_->mutex);
     return core_->launch(w, fingerprint, [&] {
@@ -312,7 +313,7 @@ class NcclGroup final : public TrackedGroup {
     check_root(root, core_->size, kBackend);
     auto w = new_state("broadcast", tensor.nbytes(), {tensor});
     auto fingerprint = Fingerprint::make("broadcast", tensor.numel(), tensor.dtype(), std::nullopt, root, label);
-    if (core_->size == 1) return complete_alone("broadcast", tensor.nbytes(), fingerprint);
+    if (completes_alone()) return complete_alone("broadcast", tensor.nbytes(), fingerprint);
     std::lock_guard<std::mutex> lock(core_->mutex);
     return core_->launch(w, fingerprint, [&] {
       return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
@@ -324,7 +325,7 @@ class NcclGroup final : public TrackedGroup {
     const char* name = "all_gather";
     const bool in_place = check_all_gather(output, input, core_->rank, core_->size, device(), kBackend);
     auto fingerprint = Fingerprint::make(name, input.numel(), input.dtype(), std::nullopt, -1, label);
-    if (core_->size == 1) {
+    if (completes_alone()) {
       if (!in_place) kernels::copy_(output, input);  // on the caller's stream, where the result is awaited
       return complete_alone(name, output.nbytes(), fingerprint);
     }
@@ -341,7 +342,7 @@ class NcclGroup final : public TrackedGroup {
     const char* name = "reduce_scatter";
     const bool in_place = check_reduce_scatter(output, input, op, core_->rank, core_->size, device(), kBackend);
     auto fingerprint = Fingerprint::make(name, output.numel(), input.dtype(), op, -1, label);
-    if (core_->size == 1) {
+    if (completes_alone()) {
       if (!in_place) kernels::copy_(output, input);  // on the caller's stream, where the result is awaited
       return complete_alone(name, input.nbytes(), fingerprint);
     }
@@ -358,7 +359,7 @@ class NcclGroup final : public TrackedGroup {
     const char* name = "all_gather_v";
     const bool in_place = check_blocks(whole, part, counts, core_->rank, core_->size, device(), kBackend, name);
     auto fingerprint = Fingerprint::make(name, whole.numel(), whole.dtype(), std::nullopt, -1, label);
-    if (core_->size == 1) {
+    if (completes_alone()) {
       if (!in_place && part.numel() > 0) kernels::copy_(whole, part);  // on the caller's stream
       return complete_alone(name, whole.nbytes(), fingerprint);
     }
@@ -379,7 +380,7 @@ class NcclGroup final : public TrackedGroup {
     check_reducible(whole.dtype(), op, kBackend, name);
     const bool in_place = check_blocks(whole, part, counts, core_->rank, core_->size, device(), kBackend, name);
     auto fingerprint = Fingerprint::make(name, whole.numel(), whole.dtype(), op, -1, label);
-    if (core_->size == 1) {
+    if (completes_alone()) {
       if (!in_place && part.numel() > 0) kernels::copy_(part, whole);  // on the caller's stream
       return complete_alone(name, whole.nbytes(), fingerprint);
     }
@@ -451,6 +452,9 @@ class NcclGroup final : public TrackedGroup {
 
  private:
   Device device() const { return Device(DeviceType::cuda, core_->device); }
+  // A world of one launches nothing, unless asked to (nccl_launch_alone): NCCL then copies what an
+  // out-of-place collective needs itself.
+  bool completes_alone() const { return core_->size == 1 && !core_->launch_alone; }
 
   std::shared_ptr<NcclCore> core_;
   Tensor barrier_tensor_;  // (1,) f32
@@ -460,7 +464,8 @@ class NcclGroup final : public TrackedGroup {
 
 bool nccl_is_built() { return true; }
 
-std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int device, double timeout_seconds) {
+std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int device, double timeout_seconds,
+                                              bool launch_alone) {
   int rank = cpu_group.rank(), size = cpu_group.size();
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
@@ -501,6 +506,7 @@ std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int devic
   core->size = size;
   core->device = device;
   core->timeout = timeout_seconds;
+  core->launch_alone = launch_alone;
   core->location = ::tandem::detail::concat(" on cuda:", device);
   core->stream = cuda::high_priority_stream(device);
   core->ready = std::make_unique<cuda::Event>();

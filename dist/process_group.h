@@ -37,7 +37,7 @@ class Work {
   virtual bool is_completed() = 0;  // non-blocking query; also true once the collective failed
   // Device time of the collective once completed (CUDA events), else -1. MPI: host time from
   // posting the collective until its completion was seen. 0 in a group of one, which launches
-  // nothing where the result equals the input.
+  // nothing where the result equals the input (unless InitOptions::nccl_launch_alone).
   virtual double elapsed_ms() = 0;
 };
 
@@ -109,6 +109,13 @@ struct InitOptions {
   // $TANDEM_DIST_DUMP_DIR; with neither nothing is written. scripts/dist_analyze.py reads them.
   // $TANDEM_DIST_RECORDER_SIZE sets how many collectives each keeps (256).
   std::string dump_dir;
+  // In a world of one the NCCL group launches nothing by default: a collective's result is its
+  // input, so its Work is complete at once. With this set it launches every collective through NCCL
+  // all the same (for one rank NCCL copies, or does nothing in place), so that a single GPU runs
+  // what several do: the event edges to the communication stream, the completion events, the
+  // watchdog and its timeout, captured collectives watched in replays. For benchmarks and tests.
+  // $TANDEM_NCCL_LAUNCH_ALONE=1 (or 0) overrides it. No effect on the MPI group or with 2+ ranks.
+  bool nccl_launch_alone = false;
 };
 
 struct World {
