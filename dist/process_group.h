@@ -8,6 +8,10 @@
 // communicator is aborted so no kernel spins forever, and Work::wait()/synchronize() and every later
 // call on the group raise it as a BackendError. MPI cannot abort a communicator: its pending
 // requests are abandoned (their tensors stay alive) and the process skips MPI_Finalize at exit.
+// Collectives captured into a CUDA graph (core/cuda_graph.h) are watched in every replay: the
+// capture itself issues nothing, each replay issues them again (new sequence numbers, the same
+// fingerprints, flight-recorder entries), and one that runs past the timeout fails the group the
+// same way, the message saying "in replay N of a CUDA graph"; a later replay is refused.
 // When a rank dies, Open MPI's mpirun already ends the whole job (it kills the other ranks and exits
 // non-zero, naming the rank and the signal); the timeout catches what mpirun does not see: a rank
 // that hangs, or ranks that disagree on the order of collectives.
