@@ -75,10 +75,10 @@ struct ReplayWatch {
     size_t bytes = 0;
     Fingerprint fingerprint;  // seq 0: each replay stamps its own
     cuda::EventRecordNode node;
+    std::unique_ptr<cuda::Event> first_event;  // the node's until the first replay gives it its own
   };
   uint64_t capture_id = 0;  // cuda::capture_id() of the capture that recorded them
   std::vector<Collective> collectives;
-  cuda::Event placeholder;  // recorded by the nodes until the first replay gives them their own
   std::vector<std::shared_ptr<NcclWork>> next;  // the replay being launched, one per collective
   int64_t replays = 0;
 };
@@ -268,9 +268,9 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
   if (w->captured) {
     // The node each replay records its own end event at. `end` comes after it, so the waits on
     // `end` (the graph's edges back to the capturing stream) join the node too.
-    ReplayWatch& watch = watch_for_capture();
-    watch.collectives.push_back(
-        ReplayWatch::Collective{w->op, w->bytes, fingerprint, cuda::record_event_each_replay(stream, watch.placeholder)});
+    ReplayWatch::Collective c{w->op, w->bytes, fingerprint, {}, std::make_unique<cuda::Event>()};
+    c.node = cuda::record_event_each_replay(stream, *c.first_event);
+    watch_for_capture().collectives.push_back(std::move(c));
   }
   w->end->record_on(stream);
   if (w->captured) {
