@@ -2,12 +2,19 @@
 // same buffers in the same run (ncclAllReduce on GPUs; MPI_Allreduce on the CPU when there is no
 // GPU), f32 sum, message sizes from 1 MiB to 1 GiB in powers of two. Run it under mpirun:
 //
-//   mpirun -np 2 bench/allreduce [--min-mb 1] [--max-mb 1024] [--warmup 5] [--reps 20]
+//   mpirun -np 2 bench/allreduce [--min-mb 1] [--max-mb 1024] [--warmup 5] [--reps 20] [--cuda-graph]
 //
 // Bandwidths follow nccl-tests: algbw = bytes / time, busbw = algbw * 2 (n - 1) / n, in GB/s
 // (10^9 bytes). The times are medians over rounds (each round runs both, one after the other), the
 // slowest rank's. "tandem/raw" is tandem's busbw over the raw call's: 1 means no overhead. Each
 // size also prints one JSON object on a line of its own.
+//
+// --cuda-graph (GPUs only) adds the captured mode: each side's calls (tandem's all_reduce + wait,
+// the raw ncclAllReduce) captured into a CUDA graph, --reps of them per graph, and the graphs
+// replayed; times per call, with their own tandem/raw. On one GPU (a world of one) tandem's group
+// launches through NCCL like the raw call (InitOptions::nccl_launch_alone), so both sides run NCCL's
+// one-rank work and the comparison measures what tandem adds: the event edges to its communication
+// stream, the completion events, the watchdog, and in a graph the per-replay watch.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -34,8 +41,9 @@ class MpiBench final : public AllReduceBench {
  public:
   std::string backend() const override { return "mpi"; }
   std::string raw_name() const override { return "MPI_Allreduce"; }
+  bool captures() const override { return false; }
 
-  AllReduceTiming time(size_t bytes, int warmup, int reps) override {
+  AllReduceTiming time(size_t bytes, int warmup, int reps, int /*calls_per_graph*/) override {
     const dist::World& w = dist::world();
     int n = static_cast<int>(bytes / sizeof(float));
     Tensor buffer = randn({n});  // (n,) f32, never zeros
@@ -56,7 +64,10 @@ class MpiBench final : public AllReduceBench {
         raw_ms.push_back(b);
       }
     }
-    return {median(tandem_ms), median(raw_ms)};
+    AllReduceTiming t;
+    t.tandem_ms = median(tandem_ms);
+    t.raw_ms = median(raw_ms);
+    return t;
   }
 };
 
@@ -66,46 +77,92 @@ class MpiBench final : public AllReduceBench {
 int main(int argc, char** argv) {
   using namespace tandem;
   int min_mb = 1, max_mb = 0, warmup = 5, reps = 20;
+  bool cuda_graph = false;
   CLI::App app("All-reduce bandwidth: tandem's process group against the raw library call (run under mpirun)");
   app.add_option("--min-mb", min_mb, "smallest message, MiB (a power of two)")->check(CLI::PositiveNumber);
   app.add_option("--max-mb", max_mb, "largest message, MiB (default 1024 on GPUs, 64 on the CPU)");
   app.add_option("--warmup", warmup, "untimed rounds per size")->check(CLI::NonNegativeNumber);
   app.add_option("--reps", reps, "timed rounds per size")->check(CLI::PositiveNumber);
+  app.add_flag("--cuda-graph", cuda_graph,
+               "also time both sides captured into CUDA graphs (--reps calls per graph) and replayed (GPUs only)");
   CLI11_PARSE(app, argc, argv);
 
-  const dist::World& w = dist::init();
+  // A world of one launches through NCCL too, so that one GPU compares the same work on both sides.
+  dist::InitOptions options;
+  options.nccl_launch_alone = true;
+  const dist::World& w = dist::init(options);
   std::unique_ptr<bench::AllReduceBench> bench;
   if (w.gpu_group != nullptr) bench = bench::make_gpu_bench();
   if (bench == nullptr) bench = std::make_unique<bench::MpiBench>();
+  if (cuda_graph && !bench->captures()) {
+    if (w.rank == 0) {
+      std::fprintf(stderr,
+                   "allreduce: --cuda-graph captures NCCL collectives into CUDA graphs, but this run takes the CPU "
+                   "path (tandem's MPI group against MPI_Allreduce: %s); run it on GPUs, one per rank\n",
+                   w.device.is_cuda() ? "this rank has no NCCL group" : "no CUDA device");
+    }
+    bench.reset();
+    dist::finalize();
+    return 2;
+  }
   if (max_mb <= 0) max_mb = bench->backend() == "nccl" ? 1024 : 64;
   double bus_factor = w.size > 1 ? 2.0 * (w.size - 1) / w.size : 0.0;
+  const int calls_per_graph = cuda_graph ? reps : 0;
 
   if (w.rank == 0) {
     std::printf("# tandem %s all_reduce vs %s: %d ranks, f32 sum, %s; median of %d rounds after %d warm-up\n",
                 bench->backend().c_str(), bench->raw_name().c_str(), w.size, w.device.str().c_str(), reps, warmup);
-    std::printf("# %12s  %10s %10s %10s  %10s %10s %10s  %10s  %s\n", "bytes", "tandem ms", "algbw", "busbw", "raw ms",
+    if (bench->backend() == "nccl" && w.size == 1) {
+      std::printf("# a world of one: tandem's group launches through NCCL as the raw call does (nccl_launch_alone, "
+                  "unless $TANDEM_NCCL_LAUNCH_ALONE=0); busbw is 0 for one rank, compare algbw\n");
+    }
+    if (cuda_graph) {
+      std::printf("# graph: each side's %d calls captured into one CUDA graph, replayed %d times after one warm-up "
+                  "replay; ms per call, median over replays\n",
+                  calls_per_graph, bench::kGraphReplays);
+    }
+    std::printf("# %12s  %10s %10s %10s  %10s %10s %10s  %10s  %s", "bytes", "tandem ms", "algbw", "busbw", "raw ms",
                 "algbw", "busbw", "tandem/raw", "host us to issue: tandem raw (rank 0)");
+    if (cuda_graph) {
+      std::printf("  %10s %10s %10s %10s %10s", "graph: tandem ms", "busbw", "raw ms", "busbw", "tandem/raw");
+    }
+    std::printf("\n");
     std::fflush(stdout);
   }
   for (size_t mb = static_cast<size_t>(min_mb); mb <= static_cast<size_t>(max_mb); mb *= 2) {
     size_t bytes = mb << 20;
-    bench::AllReduceTiming t = bench->time(bytes, warmup, reps);
-    double slowest[2] = {t.tandem_ms, t.raw_ms};
-    MPI_Allreduce(MPI_IN_PLACE, slowest, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    bench::AllReduceTiming t = bench->time(bytes, warmup, reps, calls_per_graph);
+    double slowest[4] = {t.tandem_ms, t.raw_ms, t.tandem_graph_ms, t.raw_graph_ms};
+    MPI_Allreduce(MPI_IN_PLACE, slowest, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (w.rank != 0) continue;
-    double tandem_algbw = static_cast<double>(bytes) / (slowest[0] * 1e-3) / 1e9;
-    double raw_algbw = static_cast<double>(bytes) / (slowest[1] * 1e-3) / 1e9;
-    double ratio = raw_algbw > 0 ? tandem_algbw / raw_algbw : 0.0;
-    std::printf("  %12zu  %10.4f %10.2f %10.2f  %10.4f %10.2f %10.2f  %10.3f  %6.1f %6.1f\n", bytes, slowest[0],
-                tandem_algbw, tandem_algbw * bus_factor, slowest[1], raw_algbw, raw_algbw * bus_factor, ratio,
-                t.tandem_host_us, t.raw_host_us);
+    auto algbw = [&](double ms) { return ms > 0 ? static_cast<double>(bytes) / (ms * 1e-3) / 1e9 : 0.0; };
+    auto ratio = [](double tandem, double raw) { return raw > 0 ? tandem / raw : 0.0; };
+    const double tandem_algbw = algbw(slowest[0]), raw_algbw = algbw(slowest[1]);
+    const double tandem_graph_algbw = algbw(slowest[2]), raw_graph_algbw = algbw(slowest[3]);
+    std::printf("  %12zu  %10.4f %10.2f %10.2f  %10.4f %10.2f %10.2f  %10.3f  %6.1f %6.1f", bytes, slowest[0],
+                tandem_algbw, tandem_algbw * bus_factor, slowest[1], raw_algbw, raw_algbw * bus_factor,
+                ratio(tandem_algbw, raw_algbw), t.tandem_host_us, t.raw_host_us);
+    if (cuda_graph) {
+      std::printf("  %16.4f %10.2f %10.4f %10.2f %10.3f", slowest[2], tandem_graph_algbw * bus_factor, slowest[3],
+                  raw_graph_algbw * bus_factor, ratio(tandem_graph_algbw, raw_graph_algbw));
+    }
+    std::printf("\n");
     std::printf(
         "{\"bench\": \"allreduce\", \"backend\": \"%s\", \"ranks\": %d, \"dtype\": \"f32\", \"bytes\": %zu, "
         "\"tandem_ms\": %.5f, \"raw_ms\": %.5f, \"tandem_algbw_gbs\": %.3f, \"tandem_busbw_gbs\": %.3f, "
         "\"raw_algbw_gbs\": %.3f, \"raw_busbw_gbs\": %.3f, \"tandem_over_raw\": %.4f, \"tandem_host_us\": %.2f, "
-        "\"raw_host_us\": %.2f}\n",
+        "\"raw_host_us\": %.2f",
         bench->backend().c_str(), w.size, bytes, slowest[0], slowest[1], tandem_algbw, tandem_algbw * bus_factor,
-        raw_algbw, raw_algbw * bus_factor, ratio, t.tandem_host_us, t.raw_host_us);
+        raw_algbw, raw_algbw * bus_factor, ratio(tandem_algbw, raw_algbw), t.tandem_host_us, t.raw_host_us);
+    if (cuda_graph) {
+      std::printf(
+          ", \"calls_per_graph\": %d, \"tandem_graph_ms\": %.5f, \"raw_graph_ms\": %.5f, "
+          "\"tandem_graph_algbw_gbs\": %.3f, \"tandem_graph_busbw_gbs\": %.3f, \"raw_graph_algbw_gbs\": %.3f, "
+          "\"raw_graph_busbw_gbs\": %.3f, \"tandem_over_raw_graph\": %.4f",
+          calls_per_graph, slowest[2], slowest[3], tandem_graph_algbw, tandem_graph_algbw * bus_factor,
+          raw_graph_algbw, raw_graph_algbw * bus_factor, ratio(tandem_graph_algbw, raw_graph_algbw));
+    }
+    std::printf("}\n");
     std::fflush(stdout);
   }
   bench.reset();

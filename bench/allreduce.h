@@ -14,15 +14,27 @@ struct AllReduceTiming {
   // GPU: host microseconds to issue each (the calls return before the GPU work ends); 0 on the CPU.
   double tandem_host_us = 0;
   double raw_host_us = 0;
+  // GPU with a CUDA graph (time(..., calls_per_graph > 0)): the same calls captured, calls_per_graph
+  // of them in a graph, replayed; milliseconds per call.
+  double tandem_graph_ms = 0;
+  double raw_graph_ms = 0;
 };
+
+// Timed replays of each side's graph per size (after one warm-up replay): a replay holds --reps
+// calls already.
+constexpr int kGraphReplays = 5;
 
 class AllReduceBench {
  public:
   virtual ~AllReduceBench() = default;
   virtual std::string backend() const = 0;   // "nccl" or "mpi"
   virtual std::string raw_name() const = 0;  // "ncclAllReduce" or "MPI_Allreduce"
+  // Whether time() can capture the calls into CUDA graphs.
+  virtual bool captures() const = 0;
   // Medians over `reps` rounds after `warmup` rounds; each round runs both, one after the other.
-  virtual AllReduceTiming time(size_t bytes, int warmup, int reps) = 0;
+  // With calls_per_graph > 0 (only where captures()), each side's calls are also captured into a
+  // graph of that many and replayed, timed per call.
+  virtual AllReduceTiming time(size_t bytes, int warmup, int reps, int calls_per_graph) = 0;
 };
 
 // The NCCL benchmark on this rank's GPU, or null in a build without NCCL.

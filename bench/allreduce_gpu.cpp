@@ -1,16 +1,21 @@
 // The GPU half of the all-reduce benchmark: tandem's NCCL group (comm stream, events, watchdog)
 // against a raw ncclAllReduce on the compute stream, through a second communicator of the same
-// ranks, on the same buffer. CUDA events on the caller's stream time both.
+// ranks, on the same buffer. CUDA events on the caller's stream time both. In the captured mode
+// each side's calls are captured into a CUDA graph (tandem's through cuda::Graph, as a training
+// step is; the raw calls with CUDA's own stream capture) and the graphs replayed.
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <vector>
 
 #include "allreduce.h"
 #include "tandem/core/cuda/runtime.h"
+#include "tandem/core/cuda_api.h"
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/random.h"
 #include "tandem/dist/check.h"
 #include "tandem/dist/process_group.h"
@@ -21,6 +26,46 @@ namespace {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// `calls` raw calls captured into an executable graph, through a stream of its own.
+class RawGraph {
+ public:
+  RawGraph(const std::function<void(cudaStream_t)>& call, int calls) {
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; ++i) call(stream_);
+    cudaGraph_t graph = nullptr;
+    TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaError_t status = cudaGraphInstantiate(&exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    TANDEM_CUDA_CHECK(status);
+  }
+  ~RawGraph() {
+    cudaStreamSynchronize(stream_);
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    cudaStreamDestroy(stream_);
+  }
+  RawGraph(const RawGraph&) = delete;
+  RawGraph& operator=(const RawGraph&) = delete;
+  void replay(cudaStream_t stream) { TANDEM_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+// Milliseconds from events[first + stride * i] to the event after it, for i < count, each divided
+// by `per` (the calls a graph holds); the stream must be done with them.
+std::vector<double> elapsed_pairs(const std::vector<cudaEvent_t>& events, size_t first, size_t stride, int count,
+                                  double per) {
+  std::vector<double> ms;
+  for (int i = 0; i < count; ++i) {
+    float v = 0;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&v, events[first + stride * i], events[first + stride * i + 1]));
+    ms.push_back(v / per);
+  }
+  return ms;
 }
 
 class NcclBench final : public AllReduceBench {
@@ -38,8 +83,9 @@ class NcclBench final : public AllReduceBench {
 
   std::string backend() const override { return "nccl"; }
   std::string raw_name() const override { return "ncclAllReduce"; }
+  bool captures() const override { return true; }
 
-  AllReduceTiming time(size_t bytes, int warmup, int reps) override {
+  AllReduceTiming time(size_t bytes, int warmup, int reps, int calls_per_graph) override {
     const dist::World& w = dist::world();
     cuda::DeviceGuard guard(device_);
     cudaStream_t stream = cuda::current_stream(device_);
@@ -73,19 +119,53 @@ class NcclBench final : public AllReduceBench {
       TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 3], stream));
     }
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::vector<double> tandem_ms, raw_ms;
-    for (int i = 0; i < reps; ++i) {
-      float a = 0, b = 0;
-      TANDEM_CUDA_CHECK(cudaEventElapsedTime(&a, events[4 * i], events[4 * i + 1]));
-      TANDEM_CUDA_CHECK(cudaEventElapsedTime(&b, events[4 * i + 2], events[4 * i + 3]));
-      tandem_ms.push_back(a);
-      raw_ms.push_back(b);
-    }
+    AllReduceTiming t;
+    t.tandem_ms = median(elapsed_pairs(events, 0, 4, reps, 1));
+    t.raw_ms = median(elapsed_pairs(events, 2, 4, reps, 1));
+    t.tandem_host_us = median(tandem_host_us);
+    t.raw_host_us = median(raw_host_us);
     for (auto& e : events) cudaEventDestroy(e);
-    return {median(tandem_ms), median(raw_ms), median(tandem_host_us), median(raw_host_us)};
+    if (calls_per_graph > 0) time_graphs(run_tandem, buffer, calls_per_graph, t);
+    return t;
   }
 
  private:
+  // Each side's calls captured into a graph of `calls` and replayed, one side after the other per
+  // round, so that the host prepares one side's replay while the other side's runs. Sums grow by
+  // the world size per call: with 4 or more ranks the graphs' calls take them to inf, which costs
+  // NCCL's kernels nothing.
+  void time_graphs(const std::function<void()>& run_tandem, const Tensor& buffer, int calls, AllReduceTiming& t) {
+    cudaStream_t stream = cuda::current_stream(device_);
+    const size_t n = static_cast<size_t>(buffer.numel());
+    cuda::synchronize(device_);  // nothing eager left in flight when the capture starts
+    cuda::Graph tandem_graph;
+    {
+      cuda::GraphCapture capture(tandem_graph, device_);
+      for (int i = 0; i < calls; ++i) run_tandem();
+      capture.end();
+    }
+    RawGraph raw_graph(
+        [&](cudaStream_t s) {
+          TANDEM_NCCL_CHECK(ncclAllReduce(buffer.data_ptr(), buffer.data_ptr(), n, ncclFloat32, ncclSum, comm_, s));
+        },
+        calls);
+    const int rounds = 1 + kGraphReplays;  // the first is a warm-up
+    std::vector<cudaEvent_t> events(4 * rounds);
+    for (auto& e : events) TANDEM_CUDA_CHECK(cudaEventCreate(&e));
+    for (int i = 0; i < rounds; ++i) {
+      TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i], stream));
+      tandem_graph.replay();  // on the current stream
+      TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 1], stream));
+      TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 2], stream));
+      raw_graph.replay(stream);
+      TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 3], stream));
+    }
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    t.tandem_graph_ms = median(elapsed_pairs(events, 4, 4, kGraphReplays, calls));
+    t.raw_graph_ms = median(elapsed_pairs(events, 6, 4, kGraphReplays, calls));
+    for (auto& e : events) cudaEventDestroy(e);
+  }
+
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
 };

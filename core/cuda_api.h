@@ -95,6 +95,7 @@ class Event {
   bool query() const;                        // reached yet? A CUDA error raises a BackendError
   double elapsed_ms(const Event& end) const;  // both recorded and reached
   bool recorded() const { return recorded_; }
+  void* handle() const { return handle_; }  // the cudaEvent_t
 
  private:
   void* handle_ = nullptr;

@@ -20,10 +20,17 @@
 // - Values the host changes between replays without a recapture are read from device memory:
 //   the learning rate of tandem's optimizers and the offsets of random draws (dropout) are written
 //   to the device before each replay (`before_each_replay`).
+// - Collectives are watched in every replay as in eager mode: the capture issues none; each replay
+//   issues the captured ones again (new sequence numbers, flight-recorder entries), and the
+//   group's watchdog fails the group when one of them runs past the timeout, saying it ran in a
+//   replay of a CUDA graph (dist/process_group.h). This is done on the host around each launch
+//   (`before_each_replay`, `after_each_replay`) through event-record nodes of the graph
+//   (`record_event_each_replay`).
 #include <cstdint>
 #include <functional>
 #include <memory>
 
+#include "tandem/core/cuda_api.h"
 #include "tandem/core/error.h"
 
 namespace tandem {
@@ -46,6 +53,29 @@ void keep_until_capture_ends(std::shared_ptr<void> object);
 // During a capture: `fn` runs on the host before every replay of the graph being captured, with
 // the graph's stream current (for writing this replay's values to the device).
 void before_each_replay(std::function<void()> fn);
+
+// During a capture: `fn` runs on the host right after every launch of a replay of the graph being
+// captured (its work may still be queued), in the order the functions were added; a replay whose
+// launch failed runs none. For watching what the replay does (dist's NCCL group tracks its
+// collectives from here).
+void after_each_replay(std::function<void()> fn);
+
+// During a capture: a node at the current end of `stream`'s captured work that records a CUDA
+// event at every replay (an external event-record node), so that the host can tell when the work
+// captured on `stream` before it has finished in a replay. `stream` must take part in the capture
+// (the capturing stream, or one that waited on an event recorded in it); later work captured on
+// `stream` comes after the node, and the capture can end only once that work, or the node itself,
+// has joined the capturing stream again (a wait on an event recorded on `stream` after it). The node
+// records `event` until set_replay_event says otherwise.
+struct EventRecordNode {
+  void* node = nullptr;  // a cudaGraphNode_t of the captured graph
+};
+EventRecordNode record_event_each_replay(StreamHandle stream, const Event& event);
+// From a before_each_replay function: the event that `node` (of the graph about to be replayed)
+// records in this replay. Replays may be queued behind each other, and one event recorded again by
+// each tells the host only about the newest; an event per replay tells them apart. Launches queued
+// already keep the events they had.
+void set_replay_event(EventRecordNode node, const Event& event);
 
 // For the scope, during a capture: allocations of this thread on `device` come from the ordinary pool
 // and stream, not the graph's. Memory that each replay writes before the graph runs (the lr, the
@@ -91,7 +121,8 @@ class Graph {
   // Abandons a capture under way (after an error inside it); never throws.
   void abandon_capture() noexcept;
 
-  // Runs the before-replay functions, then the graph, on the device's current stream.
+  // Runs the before-replay functions, then the graph on the device's current stream, then the
+  // after-replay functions.
   void replay();
   // Destroys the graph and gives its memory pool back (after the device finished with it).
   void reset();

@@ -76,8 +76,9 @@ void mpi_finalize();
 // ---- NCCL (dist/nccl_group.cpp or dist/no_nccl.cpp) ----
 bool nccl_is_built();
 // A communicator over every rank of `cpu_group`, on `device` (already current); rank 0's
-// ncclUniqueId travels through cpu_group.
-std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int device, double timeout_seconds);
+// ncclUniqueId travels through cpu_group. `launch_alone`: InitOptions::nccl_launch_alone.
+std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int device, double timeout_seconds,
+                                              bool launch_alone);
 // Stops the watchdog, then finalizes and destroys the communicator (aborts it when collectives are
 // still pending). Later calls on the group raise.
 void nccl_shutdown_group(ProcessGroup& group);

@@ -3,7 +3,8 @@
 // stream, and records a completion event; the host never blocks. The communicator is created
 // non-blocking so that it can be aborted: a watchdog thread completes Works (releasing their
 // tensors), polls ncclCommGetAsyncError, and aborts the communicator when a collective fails or
-// runs past the timeout, so no kernel spins forever on a peer that is gone.
+// runs past the timeout, so no kernel spins forever on a peer that is gone. Collectives captured
+// into a CUDA graph are issued again by every replay, and watched the same way (ReplayWatch).
 #include <nccl.h>  // brings cudaStream_t, the type NCCL's calls take
 
 #include <algorithm>
@@ -57,8 +58,29 @@ std::string nccl_text(ncclResult_t status, ncclComm_t comm) {
 }
 
 struct NcclWork : TrackedWork {
-  // On the communication stream, around the collective; back to the pool once completed.
+  // On the communication stream, around the collective; back to the pool once completed. A
+  // replay's collective has no start (the graph's event-record node marks its end only).
   std::unique_ptr<cuda::Event> start, end;
+};
+
+// The collectives that one CUDA graph capture recorded on the group, which every replay of the
+// graph issues again. Each has an event-record node after it on the communication stream; before
+// each launch the node gets a fresh event (replays can be queued behind each other, so one event
+// for all would tell only about the newest), and after the launch the replay's collectives are
+// stamped (new sequence numbers, same fingerprints: every rank replays the same graph) and tracked
+// with those events as their ends, so the watchdog fails the group when one runs past the timeout.
+struct ReplayWatch {
+  struct Collective {
+    const char* op = "";
+    size_t bytes = 0;
+    Fingerprint fingerprint;  // seq 0: each replay stamps its own
+    cuda::EventRecordNode node;
+    std::unique_ptr<cuda::Event> first_event;  // the node's until the first replay gives it its own
+  };
+  uint64_t capture_id = 0;  // cuda::capture_id() of the capture that recorded them
+  std::vector<Collective> collectives;
+  std::vector<std::shared_ptr<NcclWork>> next;  // the replay being launched, one per collective
+  int64_t replays = 0;
 };
 
 // The group's state, shared with its Works. Members and methods need `own_mutex` held.
@@ -67,9 +89,11 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
   NcclCore() : WorkTracker(kBackend, own_mutex) {}
   ncclComm_t comm = nullptr;  // null once aborted or destroyed
   int device = 0;
+  bool launch_alone = false;            // InitOptions::nccl_launch_alone
   cuda::StreamHandle stream = nullptr;  // the communication stream
   std::unique_ptr<cuda::Event> ready;   // recorded on the caller's stream before each collective
   std::vector<std::unique_ptr<cuda::Event>> spare_events;
+  std::shared_ptr<ReplayWatch> capturing;  // of the latest capture that recorded a collective here
   std::mutex own_mutex;
 
   cudaStream_t nccl_stream() const { return static_cast<cudaStream_t>(stream); }
@@ -94,12 +118,16 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
       w.done = true;  // the event will not pass: forget it
       return;
     }
-    try {
-      w.elapsed_ms = w.start->elapsed_ms(*w.end);
-    } catch (const std::exception&) {
-      w.elapsed_ms = -1;  // only the timing is lost
+    if (w.start != nullptr) {
+      try {
+        w.elapsed_ms = w.start->elapsed_ms(*w.end);
+      } catch (const std::exception&) {
+        w.elapsed_ms = -1;  // only the timing is lost
+      }
+      spare_events.push_back(std::move(w.start));
     }
-    spare_events.push_back(std::move(w.start));
+    // A replay's end event may be recorded by the graph's node again only after a later
+    // set_replay_event, which gives the node another one: reusing it here is safe.
     spare_events.push_back(std::move(w.end));
     complete(w);
   }
@@ -150,6 +178,15 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
   std::shared_ptr<Work> launch(const std::shared_ptr<NcclWork>& w, const Fingerprint& fingerprint,
                                const std::function<ncclResult_t()>& enqueue);
 
+  // The watch of the capture under way on this thread, made (and hooked into the graph's replays)
+  // by its first collective.
+  ReplayWatch& watch_for_capture();
+  // Before a replay is launched: refuses it once the group failed or was shut down (its NCCL
+  // kernels would run on a communicator that is gone), and gives every node its event.
+  void prepare_replay(ReplayWatch& watch);
+  // After the launch: stamps and tracks the replay's collectives.
+  void track_replay(ReplayWatch& watch);
+
  protected:
   // Aborting stops the communicator's kernels, so the streams waiting on them go on.
   void abort_backend() override {
@@ -193,16 +230,21 @@ class NcclWorkHandle final : public TrackedWorkHandle {
 std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const Fingerprint& fingerprint,
                                        const std::function<ncclResult_t()>& enqueue) {
   check_usable(w->op, w->bytes);
-  stamp(*w, fingerprint);
+  // Inside a CUDA graph capture the communication stream joins the capture through `ready`, and the
+  // collective becomes a node of the graph: no timing events, its tensors kept until the capture
+  // ends (only the graph uses their memory after it). The capture issues nothing, so it gets no
+  // sequence number; every replay issues it with one of its own (ReplayWatch).
+  w->captured = cuda::is_capturing();
+  if (w->captured) {
+    w->fingerprint = fingerprint;
+  } else {
+    stamp(*w, fingerprint);
+  }
   if (detail && size > 1) {
     check_before_launch(*w, [&](const void* mine, size_t bytes) { return host_all_gather(mine, bytes, timeout); });
   }
   cuda::DeviceGuard guard(device);
   cuda::ProfilerRange range(w->op);
-  // Inside a CUDA graph capture the communication stream joins the capture through `ready`, and the
-  // collective becomes a node of the graph: no timing events, nothing for the watchdog, its tensors
-  // kept until the capture ends (only the graph uses their memory after it).
-  w->captured = cuda::is_capturing();
   if (!w->captured) w->start = take_event();
   w->end = take_event();
   ready->record(device);  // on the caller's current stream
@@ -223,15 +265,78 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
          w.get());
     raise(*w);
   }
+  if (w->captured) {
+    // The node each replay records its own end event at. `end` comes after it, so the waits on
+    // `end` (the graph's edges back to the capturing stream) join the node too.
+    ReplayWatch::Collective c{w->op, w->bytes, fingerprint, {}, std::make_unique<cuda::Event>()};
+    c.node = cuda::record_event_each_replay(stream, *c.first_event);
+    watch_for_capture().collectives.push_back(std::move(c));
+  }
   w->end->record_on(stream);
-  mark_started(*w);  // enqueued on the communication stream
   if (w->captured) {
     cuda::keep_until_capture_ends(w);
     return std::make_shared<NcclWorkHandle>(shared_from_this(), w);
   }
+  mark_started(*w);  // enqueued on the communication stream
   sweep();
   track(w);
   return std::make_shared<NcclWorkHandle>(shared_from_this(), w);
+}
+
+ReplayWatch& NcclCore::watch_for_capture() {
+  const uint64_t id = cuda::capture_id();
+  if (capturing == nullptr || capturing->capture_id != id) {
+    capturing = std::make_shared<ReplayWatch>();
+    capturing->capture_id = id;
+    // The graph keeps the group's state and the watch alive while it can be replayed.
+    std::shared_ptr<NcclCore> self = shared_from_this();
+    std::shared_ptr<ReplayWatch> watch = capturing;
+    cuda::before_each_replay([self, watch] { self->prepare_replay(*watch); });
+    cuda::after_each_replay([self, watch] { self->track_replay(*watch); });
+  }
+  return *capturing;
+}
+
+void NcclCore::prepare_replay(ReplayWatch& watch) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (shut_down || stop || !failure.empty()) {
+    TANDEM_THROW(BackendError, "rank ", rank, ": replaying a CUDA graph with ", watch.collectives.size(),
+                 " nccl collective(s) refused: ",
+                 failure.empty() ? std::string("the group was shut down (dist::finalize ran)")
+                                 : "the group failed earlier: " + failure);
+  }
+  cuda::DeviceGuard guard(device);
+  watch.next.clear();  // what a launch that failed left
+  for (const ReplayWatch::Collective& c : watch.collectives) {
+    auto w = std::make_shared<NcclWork>();
+    w->op = c.op;
+    w->bytes = c.bytes;
+    w->end = take_event();
+    cuda::set_replay_event(c.node, *w->end);
+    watch.next.push_back(std::move(w));
+  }
+}
+
+void NcclCore::track_replay(ReplayWatch& watch) {
+  std::lock_guard<std::mutex> lock(mutex);
+  ++watch.replays;
+  // Failed since prepare_replay (the watchdog, meanwhile): the replay's collectives run on an
+  // aborted communicator, which ends them; nothing is left to watch.
+  if (!failure.empty() || stop || shut_down) {
+    watch.next.clear();
+    return;
+  }
+  sweep();
+  const Clock::time_point launched = Clock::now();
+  for (size_t i = 0; i < watch.next.size(); ++i) {
+    std::shared_ptr<NcclWork>& w = watch.next[i];
+    stamp(*w, watch.collectives[i].fingerprint);
+    w->replay = watch.replays;
+    w->started = launched;
+    mark_started(*w);
+    track(w);
+  }
+  watch.next.clear();
 }
 
 std::shared_ptr<NcclWork> new_state(const char* op, size_t bytes, std::vector<Tensor> tensors) {
@@ -285,7 +390,7 @@ class NcclGroup final : public TrackedGroup {
     }
     check_disjoint(tensors, kBackend, name);
     const Fingerprint fingerprint = Fingerprint::make(name, count, tensors[0].dtype(), op, -1, label);
-    if (core_->size == 1) return complete_alone(name, bytes, fingerprint);  // sum, avg, max, min of one: itself
+    if (completes_alone()) return complete_alone(name, bytes, fingerprint);  // sum, avg, max, min of one: itself
     auto w = new_state(name, bytes, tensors);
     std::lock_guard<std::mutex> lock(core_->mutex);
     return core_->launch(w, fingerprint, [&] {
@@ -312,7 +417,7 @@ class NcclGroup final : public TrackedGroup {
     check_root(root, core_->size, kBackend);
     auto w = new_state("broadcast", tensor.nbytes(), {tensor});
     auto fingerprint = Fingerprint::make("broadcast", tensor.numel(), tensor.dtype(), std::nullopt, root, label);
-    if (core_->size == 1) return complete_alone("broadcast", tensor.nbytes(), fingerprint);
+    if (completes_alone()) return complete_alone("broadcast", tensor.nbytes(), fingerprint);
     std::lock_guard<std::mutex> lock(core_->mutex);
     return core_->launch(w, fingerprint, [&] {
       return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
@@ -324,7 +429,7 @@ class NcclGroup final : public TrackedGroup {
     const char* name = "all_gather";
     const bool in_place = check_all_gather(output, input, core_->rank, core_->size, device(), kBackend);
     auto fingerprint = Fingerprint::make(name, input.numel(), input.dtype(), std::nullopt, -1, label);
-    if (core_->size == 1) {
+    if (completes_alone()) {
       if (!in_place) kernels::copy_(output, input);  // on the caller's stream, where the result is awaited
       return complete_alone(name, output.nbytes(), fingerprint);
     }
@@ -341,7 +446,7 @@ class NcclGroup final : public TrackedGroup {
     const char* name = "reduce_scatter";
     const bool in_place = check_reduce_scatter(output, input, op, core_->rank, core_->size, device(), kBackend);
     auto fingerprint = Fingerprint::make(name, output.numel(), input.dtype(), op, -1, label);
-    if (core_->size == 1) {
+    if (completes_alone()) {
       if (!in_place) kernels::copy_(output, input);  // on the caller's stream, where the result is awaited
       return complete_alone(name, input.nbytes(), fingerprint);
     }
@@ -358,7 +463,7 @@ class NcclGroup final : public TrackedGroup {
     const char* name = "all_gather_v";
     const bool in_place = check_blocks(whole, part, counts, core_->rank, core_->size, device(), kBackend, name);
     auto fingerprint = Fingerprint::make(name, whole.numel(), whole.dtype(), std::nullopt, -1, label);
-    if (core_->size == 1) {
+    if (completes_alone()) {
       if (!in_place && part.numel() > 0) kernels::copy_(whole, part);  // on the caller's stream
       return complete_alone(name, whole.nbytes(), fingerprint);
     }
@@ -379,7 +484,7 @@ class NcclGroup final : public TrackedGroup {
     check_reducible(whole.dtype(), op, kBackend, name);
     const bool in_place = check_blocks(whole, part, counts, core_->rank, core_->size, device(), kBackend, name);
     auto fingerprint = Fingerprint::make(name, whole.numel(), whole.dtype(), op, -1, label);
-    if (core_->size == 1) {
+    if (completes_alone()) {
       if (!in_place && part.numel() > 0) kernels::copy_(part, whole);  // on the caller's stream
       return complete_alone(name, whole.nbytes(), fingerprint);
     }
@@ -451,6 +556,9 @@ class NcclGroup final : public TrackedGroup {
 
  private:
   Device device() const { return Device(DeviceType::cuda, core_->device); }
+  // A world of one launches nothing, unless asked to (nccl_launch_alone): NCCL then copies what an
+  // out-of-place collective needs itself.
+  bool completes_alone() const { return core_->size == 1 && !core_->launch_alone; }
 
   std::shared_ptr<NcclCore> core_;
   Tensor barrier_tensor_;  // (1,) f32
@@ -460,7 +568,8 @@ class NcclGroup final : public TrackedGroup {
 
 bool nccl_is_built() { return true; }
 
-std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int device, double timeout_seconds) {
+std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int device, double timeout_seconds,
+                                              bool launch_alone) {
   int rank = cpu_group.rank(), size = cpu_group.size();
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
@@ -501,6 +610,7 @@ std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int devic
   core->size = size;
   core->device = device;
   core->timeout = timeout_seconds;
+  core->launch_alone = launch_alone;
   core->location = ::tandem::detail::concat(" on cuda:", device);
   core->stream = cuda::high_priority_stream(device);
   core->ready = std::make_unique<cuda::Event>();

@@ -8,6 +8,10 @@
 // communicator is aborted so no kernel spins forever, and Work::wait()/synchronize() and every later
 // call on the group raise it as a BackendError. MPI cannot abort a communicator: its pending
 // requests are abandoned (their tensors stay alive) and the process skips MPI_Finalize at exit.
+// Collectives captured into a CUDA graph (core/cuda_graph.h) are watched in every replay: the
+// capture itself issues nothing, each replay issues them again (new sequence numbers, the same
+// fingerprints, flight-recorder entries), and one that runs past the timeout fails the group the
+// same way, the message saying "in replay N of a CUDA graph"; a later replay is refused.
 // When a rank dies, Open MPI's mpirun already ends the whole job (it kills the other ranks and exits
 // non-zero, naming the rank and the signal); the timeout catches what mpirun does not see: a rank
 // that hangs, or ranks that disagree on the order of collectives.
@@ -37,7 +41,7 @@ class Work {
   virtual bool is_completed() = 0;  // non-blocking query; also true once the collective failed
   // Device time of the collective once completed (CUDA events), else -1. MPI: host time from
   // posting the collective until its completion was seen. 0 in a group of one, which launches
-  // nothing where the result equals the input.
+  // nothing where the result equals the input (unless InitOptions::nccl_launch_alone).
   virtual double elapsed_ms() = 0;
 };
 
@@ -109,6 +113,13 @@ struct InitOptions {
   // $TANDEM_DIST_DUMP_DIR; with neither nothing is written. scripts/dist_analyze.py reads them.
   // $TANDEM_DIST_RECORDER_SIZE sets how many collectives each keeps (256).
   std::string dump_dir;
+  // In a world of one the NCCL group launches nothing by default: a collective's result is its
+  // input, so its Work is complete at once. With this set it launches every collective through NCCL
+  // all the same (for one rank NCCL copies, or does nothing in place), so that a single GPU runs
+  // what several do: the event edges to the communication stream, the completion events, the
+  // watchdog and its timeout, captured collectives watched in replays. For benchmarks and tests.
+  // $TANDEM_NCCL_LAUNCH_ALONE=1 (or 0) overrides it. No effect on the MPI group or with 2+ ranks.
+  bool nccl_launch_alone = false;
 };
 
 struct World {

@@ -81,10 +81,15 @@ std::string WorkTracker::describe(const char* op, size_t bytes) const {
 
 std::string WorkTracker::describe(const TrackedWork& w) const {
   std::string text = describe(w.op, w.bytes);
-  if (w.fingerprint.seq == 0) return text;
+  const bool labelled = w.fingerprint.label[0] != '\0';
+  if (w.fingerprint.seq == 0) {  // not stamped: being captured into a CUDA graph, or not yet issued
+    return labelled ? ::tandem::detail::concat(text, " ('", w.fingerprint.label, "')") : text;
+  }
   text += ::tandem::detail::concat(" (#", w.fingerprint.seq);
-  if (w.fingerprint.label[0] != '\0') text += ::tandem::detail::concat(" '", w.fingerprint.label, "'");
-  return text + ")";
+  if (labelled) text += ::tandem::detail::concat(" '", w.fingerprint.label, "'");
+  text += ")";
+  if (w.replay > 0) text += ::tandem::detail::concat(" in replay ", w.replay, " of a CUDA graph");
+  return text;
 }
 
 void WorkTracker::stamp(TrackedWork& w, Fingerprint fingerprint) {

@@ -30,9 +30,10 @@ struct TrackedWork {
   double elapsed_ms = -1;
   bool done = false;    // completed, or finished in error; forgotten by the next sweep
   bool failed = false;  // waiting on it raises `error`
-  // Part of a CUDA graph being captured: never tracked (the capture runs nothing); its waits are
-  // edges of the graph, and each replay runs it again.
+  // Part of a CUDA graph being captured: never tracked nor stamped (the capture runs nothing); its
+  // waits are edges of the graph. Each replay issues it again as a TrackedWork of its own.
   bool captured = false;
+  int64_t replay = 0;  // which replay of a CUDA graph ran it (1, 2, ...); 0: issued eagerly
   std::string error;
 };
 
@@ -64,7 +65,8 @@ class WorkTracker {
   uint64_t last_checked_seq = 0;         // every rank agreed up to here at the last check
   FlightRecorder recorder{recorder_capacity()};
 
-  // "rank 0: mpi all_reduce of 4096 bytes"; with a fingerprint, " (#12 'ddp bucket 0 of step 5')" after it.
+  // "rank 0: mpi all_reduce of 4096 bytes"; with a fingerprint, " (#12 'ddp bucket 0 of step 5')" after it,
+  // and " in replay 3 of a CUDA graph" for a collective a replay issued.
   std::string describe(const char* op, size_t bytes) const;
   std::string describe(const TrackedWork& w) const;
   // Gives `w` the next sequence number and this fingerprint, rolls the hash, records it as queued.

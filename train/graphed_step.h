@@ -20,6 +20,9 @@
 // skip decisions, AdamW's step counts. Every collective the step launches must be waited for inside
 // it (DDP does; with ZeRO, call wait_for_parameters() at its end), since a capture ends only once
 // every stream it used has joined back.
+// The step's collectives are watched in every replay as in eager steps: each replay issues them
+// again (collectives_issued() grows by the step's collectives per replay) and the group's timeout
+// applies to each, so a rank that hangs during a replay fails the group with the collective named.
 #include <cstdint>
 #include <functional>
 #include <vector>

@@ -25,6 +25,7 @@ struct Graph::State {
   bool capturing = false;
   std::vector<std::shared_ptr<void>> kept;  // alive until the capture ends
   std::vector<std::function<void()>> before_replay;
+  std::vector<std::function<void()>> after_replay;
   std::vector<void*> staging;               // pinned host copies of captured uploads, read by every replay
   // Random draws inside the capture, per generator.
   struct Draws {
@@ -39,6 +40,19 @@ struct Graph::State {
 
 namespace {
 thread_local Graph::State* capturing_state = nullptr;
+thread_local Graph::State* replaying_state = nullptr;  // while its before-replay functions run
+
+// Sets replaying_state for the scope.
+class BeforeReplayScope {
+ public:
+  explicit BeforeReplayScope(Graph::State& s) : previous_(replaying_state) { replaying_state = &s; }
+  ~BeforeReplayScope() { replaying_state = previous_; }
+  BeforeReplayScope(const BeforeReplayScope&) = delete;
+  BeforeReplayScope& operator=(const BeforeReplayScope&) = delete;
+
+ private:
+  Graph::State* previous_;
+};
 std::atomic<uint64_t> next_pool{1};
 
 Graph::State& active_capture(const char* what) {
@@ -68,6 +82,48 @@ void keep_until_capture_ends(std::shared_ptr<void> object) {
 
 void before_each_replay(std::function<void()> fn) {
   active_capture("before_each_replay").before_replay.push_back(std::move(fn));
+}
+
+void after_each_replay(std::function<void()> fn) {
+  active_capture("after_each_replay").after_replay.push_back(std::move(fn));
+}
+
+// The id of the capture `stream` takes part in; 0 when it takes part in none.
+static unsigned long long capture_sequence_of(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &id));
+  return status == cudaStreamCaptureStatusActive ? id : 0;
+}
+
+EventRecordNode record_event_each_replay(StreamHandle stream, const Event& event) {
+  Graph::State& s = active_capture("record_event_each_replay");
+  auto st = static_cast<cudaStream_t>(stream);
+  // Outside the capture the record would happen once, now: a stream that never joined it is a bug.
+  const unsigned long long ours = capture_sequence_of(s.stream);
+  TANDEM_CHECK_AS(GraphCaptureError, ours != 0 && capture_sequence_of(st) == ours,
+                  "record_event_each_replay: the stream takes no part in the CUDA graph capture of cuda:", s.device,
+                  " (make it wait on an event recorded on the capturing stream first)");
+  // External: a node of the graph that records the event at every replay. Without the flag, a
+  // record inside a capture only marks a point for other captured streams to wait on.
+  TANDEM_CUDA_CHECK(cudaEventRecordWithFlags(static_cast<cudaEvent_t>(event.handle()), st, cudaEventRecordExternal));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* dependencies = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;
+  size_t count = 0;
+  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(st, &status, nullptr, nullptr, &dependencies, &edges, &count));
+  // What comes next on the stream depends on the node just captured, and on it alone.
+  TANDEM_CHECK_AS(GraphCaptureError, status == cudaStreamCaptureStatusActive && count == 1,
+                  "record_event_each_replay: expected the event-record node to be the stream's only dependency "
+                  "in the capture, found ", count, " dependencies");
+  return EventRecordNode{dependencies[0]};
+}
+
+void set_replay_event(EventRecordNode node, const Event& event) {
+  TANDEM_CHECK_AS(GraphCaptureError, replaying_state != nullptr && replaying_state->exec != nullptr,
+                  "set_replay_event: call it from a before_each_replay function of the graph being replayed");
+  TANDEM_CUDA_CHECK(cudaGraphExecEventRecordNodeSetEvent(replaying_state->exec, static_cast<cudaGraphNode_t>(node.node),
+                                                         static_cast<cudaEvent_t>(event.handle())));
 }
 
 OutsideGraphPool::OutsideGraphPool(int device) : device_(device) {
@@ -215,6 +271,7 @@ void Graph::abandon_capture() noexcept {
   s.capturing = false;
   s.kept.clear();
   s.before_replay.clear();
+  s.after_replay.clear();
   s.draws.clear();
 }
 
@@ -223,9 +280,13 @@ void Graph::replay() {
   TANDEM_CHECK_AS(GraphCaptureError, s.exec != nullptr, "replay: nothing captured in this graph");
   check_not_capturing("replaying a CUDA graph");
   DeviceGuard guard(s.device);
-  for (auto& fn : s.before_replay) fn();
+  {
+    BeforeReplayScope scope(s);
+    for (auto& fn : s.before_replay) fn();
+  }
   TANDEM_CUDA_CHECK(cudaGraphLaunch(s.exec, current_stream(s.device)));
   ++s.replays;
+  for (auto& fn : s.after_replay) fn();
 }
 
 void Graph::reset() {
@@ -242,6 +303,7 @@ void Graph::reset() {
   for (void* p : s.staging) cudaFreeHost(p);
   s.staging.clear();
   s.before_replay.clear();
+  s.after_replay.clear();
   s.draws.clear();
   release_pool(s.device, s.pool, compute_stream(s.device));
   s.pool = 0;

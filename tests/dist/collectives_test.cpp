@@ -16,6 +16,7 @@ using testing::all_inputs;
 using testing::device_label;
 using testing::device_of;
 using testing::group_of;
+using testing::launches_alone;
 using testing::rank_input;
 using testing::reduce_all;
 using testing::rtol_for;
@@ -291,9 +292,12 @@ TEST(NcclGroupTest, WaitOrdersTheCallersStreamWithoutBlocking) {
   for (double& v : expected) v *= 2;
   EXPECT_TRUE(all_close(doubled, expected, rtol_for(DType::f32), 0.0));
   work->synchronize();
-  // A group of one launches nothing for an in-place all-reduce: no device time to report.
+  // A group of one launches nothing for an in-place all-reduce: no device time to report. Made to
+  // launch, NCCL has nothing to do for one rank in place: its events may be a few us apart, or none.
   if (w.size > 1) {
     EXPECT_GT(work->elapsed_ms(), 0.0);
+  } else if (launches_alone(*w.gpu_group)) {
+    EXPECT_GE(work->elapsed_ms(), 0.0);
   } else {
     EXPECT_EQ(work->elapsed_ms(), 0.0);
   }

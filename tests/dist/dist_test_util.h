@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,14 @@ inline double rtol_for(DType dtype) {
 }
 
 inline std::string dtype_param_name(DType dtype) { return dtype_name(dtype); }
+
+// Whether `group` is an NCCL group of one that launches its collectives all the same
+// ($TANDEM_NCCL_LAUNCH_ALONE=1, as the *_launch_alone tests run): its Works then complete on the
+// device, not at once.
+inline bool launches_alone(const ProcessGroup& group) {
+  const char* env = std::getenv("TANDEM_NCCL_LAUNCH_ALONE");
+  return group.backend() == "nccl" && group.size() == 1 && env != nullptr && std::string(env) == "1";
+}
 
 // Skips a GPU test unless this rank has a GPU and an NCCL group.
 #define TANDEM_REQUIRE_NCCL()                                                                    \
