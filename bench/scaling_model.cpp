@@ -3,6 +3,8 @@
 //   scaling_model --validate                 replay every measured multi-GPU run kept in docs/scaling/
 //   scaling_model --calibrate                refit the free parameters on the two runs named in
 //                                            docs/scaling/model_parameters.json, and write them there
+//   scaling_model --bound RUN,RUN            the smallest worst error any parameter values give these runs
+//                                            together, and their errors with the link alone
 //   scaling_model --predict --workload gpt2 --gpus 8,64,1024 --topology nvlink8-ib8x400 [--bucket-mb auto]
 //   scaling_model --curves curves.json       every workload x topology x N (1..1024), auto and 25 MB
 //   ... --allreduce allreduce.txt            the link inside a host fitted to bench/allreduce's output
@@ -213,6 +215,30 @@ int validate(const std::string& docs, const std::string& params_path) {
   return 0;
 }
 
+// The runs of measured_runs.json with these ids, in the file's order; every id must be there.
+std::vector<Run> runs_named(const std::string& docs, const std::vector<std::string>& names, const std::string& who) {
+  std::vector<Run> chosen;
+  for (const Run& run : read_runs(docs)) {
+    if (std::find(names.begin(), names.end(), run.id) != names.end()) chosen.push_back(run);
+  }
+  TANDEM_CHECK_AS(ValueError, chosen.size() == names.size(), who, ": some of the runs named are not in ", docs,
+                  "/measured_runs.json");
+  return chosen;
+}
+
+// Every point of the grid --calibrate searches (and --bound with it): compute slowdown 0-1.5,
+// bucket overhead 0-200 us, sync share 0-10%, communication slowdown 0-1.
+template <class Visit>
+void for_each_grid_point(Visit visit) {
+  for (double slowdown = 0; slowdown <= 1.5001; slowdown += 0.025) {
+    for (double overhead = 0; overhead <= 200; overhead += 5) {
+      for (double share = 0; share <= 0.1; share += 0.0025) {
+        for (double comm = 0; comm <= 1.0001; comm += 0.1) visit(ModelParameters{slowdown, overhead, share, comm});
+      }
+    }
+  }
+}
+
 // Refits the parameters on the runs named in the parameters file: a grid search for the smallest
 // sum of squared step-time errors (and, where measured, the collectives' summed time, which is what
 // tells the communication slowdown from the compute slowdown).
@@ -221,31 +247,19 @@ int calibrate(const std::string& docs, const std::string& params_path) {
   std::vector<std::string> names = pj.at("calibrated_on").get<std::vector<std::string>>();
   TANDEM_CHECK_AS(ValueError, !names.empty() && names.size() <= 2, params_path,
                   ": calibrated_on must name one or two runs, got ", names.size());
-  std::vector<Run> chosen;
-  for (const Run& run : read_runs(docs)) {
-    if (std::find(names.begin(), names.end(), run.id) != names.end()) chosen.push_back(run);
-  }
-  TANDEM_CHECK_AS(ValueError, chosen.size() == names.size(), params_path, ": some of calibrated_on's runs are not in ",
-                  docs, "/measured_runs.json");
+  std::vector<Run> chosen = runs_named(docs, names, params_path + ": calibrated_on");
   std::map<std::string, StepProfile> cache;
   ModelParameters best;
   double best_error = 1e300;
-  for (double slowdown = 0; slowdown <= 1.5001; slowdown += 0.025) {
-    for (double overhead = 0; overhead <= 200; overhead += 5) {
-      for (double share = 0; share <= 0.1; share += 0.0025) {
-        for (double comm = 0; comm <= 1.0001; comm += 0.1) {
-          ModelParameters par{slowdown, overhead, share, comm};
-          double error = 0;
-          for (const Run& run : chosen) {
-            StepPrediction p = predict_run(run, par, cache);
-            error += std::pow(p.step_ms - run.step_ms, 2);
-            if (run.comm_ms >= 0) error += std::pow(p.comm_ms - run.comm_ms, 2);
-          }
-          if (error < best_error) best_error = error, best = par;
-        }
-      }
+  for_each_grid_point([&](const ModelParameters& par) {
+    double error = 0;
+    for (const Run& run : chosen) {
+      StepPrediction p = predict_run(run, par, cache);
+      error += std::pow(p.step_ms - run.step_ms, 2);
+      if (run.comm_ms >= 0) error += std::pow(p.comm_ms - run.comm_ms, 2);
     }
-  }
+    if (error < best_error) best_error = error, best = par;
+  });
   pj["compute_slowdown"] = best.compute_slowdown;
   pj["bucket_overhead_us"] = best.bucket_overhead_us;
   pj["sync_share"] = best.sync_share;
@@ -256,6 +270,42 @@ int calibrate(const std::string& docs, const std::string& params_path) {
       "share %.4f (rms %.3f ms); written to %s\n",
       chosen.size(), best.compute_slowdown, best.comm_slowdown, best.bucket_overhead_us, best.sync_share,
       std::sqrt(best_error / chosen.size()), params_path.c_str());
+  return 0;
+}
+
+// Whether any values of the four parameters could predict these runs together: the smallest worst
+// |error| (points of efficiency) over the calibration grid, and where each run stands with the
+// link alone (every parameter zero: no contention, overhead or synchronisation, only the
+// collectives' own time). A diagnostic, not a fit: nothing is written.
+int bound(const std::string& docs, const std::string& params_path, const std::vector<std::string>& names) {
+  TANDEM_CHECK_AS(ValueError, !names.empty(), "--bound: name at least one run");
+  std::vector<Run> chosen = runs_named(docs, names, "--bound");
+  std::map<std::string, StepProfile> cache;
+  auto error_of = [&](const Run& run, const ModelParameters& par) {
+    return 100 * run.step_ms_1gpu / predict_run(run, par, cache).step_ms - 100 * run.efficiency();
+  };
+  ModelParameters best;
+  double best_worst = 1e300;
+  for_each_grid_point([&](const ModelParameters& par) {
+    double worst = 0;
+    for (const Run& run : chosen) {
+      worst = std::max(worst, std::fabs(error_of(run, par)));
+      if (worst >= best_worst) return;  // this point cannot win
+    }
+    best_worst = worst, best = par;
+  });
+  const ModelParameters current = read_parameters(params_path);
+  const ModelParameters link_alone{0, 0, 0, 0};
+  std::printf("%-32s %4s %8s  %7s %18s %18s\n", "run", "gpus", "measured", "error", "error, link alone",
+              "error at the bound");
+  for (const Run& run : chosen) {
+    std::printf("%-32s %4d %7.1f%%  %+7.1f %+18.1f %+18.1f\n", run.id.c_str(), run.gpus, 100 * run.efficiency(),
+                error_of(run, current), error_of(run, link_alone), error_of(run, best));
+  }
+  std::printf(
+      "bound: %zu runs, smallest worst |error| %.2f points (compute slowdown %.3f, communication slowdown %.2f, bucket "
+      "overhead %.1f us, sync share %.4f)\n",
+      chosen.size(), best_worst, best.compute_slowdown, best.comm_slowdown, best.bucket_overhead_us, best.sync_share);
   return 0;
 }
 
@@ -374,6 +424,10 @@ int main(int argc, char** argv) {
   Setting setting;
   app.add_flag("--validate", do_validate, "replay the measured runs of DOCS/measured_runs.json; last line: the errors");
   app.add_flag("--calibrate", do_calibrate, "refit the parameters on the runs named in the parameters file");
+  std::vector<std::string> bound_runs;
+  app.add_option("--bound", bound_runs,
+                 "runs (ids, comma-separated): the smallest worst error any parameters of the grid give them together")
+      ->delimiter(',');
   app.add_flag("--predict", do_predict, "print the predicted table for --workload on --gpus and --topology");
   app.add_option("--curves", curves_path, "write predicted curves of the three bf16 workloads to this JSON");
   app.add_option("--docs", docs, "where measured_runs.json, model_parameters.json and profiles/ are");
@@ -405,13 +459,15 @@ int main(int argc, char** argv) {
     if (do_calibrate) calibrate(docs, params_path);
     ModelParameters par = read_parameters(params_path);
     if (do_validate) validate(docs, params_path);
+    if (!bound_runs.empty()) bound(docs, params_path, bound_runs);
     if (do_predict) {
       if (profile_path.empty()) profile_path = docs + "/profiles/" + workload + "_" + precision + ".json";
       predict(profile_path, with_measured_link(topology_from_name(topology), allreduce_output), gpus, setting, par);
     }
     if (!curves_path.empty()) curves(docs, curves_path, topologies, par, allreduce_output);
-    if (!do_validate && !do_calibrate && !do_predict && curves_path.empty()) {
-      std::fprintf(stderr, "scaling_model: nothing to do; give --validate, --calibrate, --predict or --curves\n");
+    if (!do_validate && !do_calibrate && !do_predict && curves_path.empty() && bound_runs.empty()) {
+      std::fprintf(stderr,
+                   "scaling_model: nothing to do; give --validate, --calibrate, --bound, --predict or --curves\n");
       return 2;
     }
   } catch (const std::exception& e) {
