@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -34,30 +35,35 @@ def main():
     if rank == 0:
         print(f"# torch.distributed all_reduce (NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}): {world} ranks,"
               f" f32 sum; median of {args.reps} rounds after {args.warmup} warm-up")
-        print(f"# {'bytes':>12s}  {'torch ms':>10s} {'algbw':>10s} {'busbw':>10s}")
+        print(f"# {'bytes':>12s}  {'torch ms':>10s} {'algbw':>10s} {'busbw':>10s}  {'host us to issue (rank 0)':>26s}")
     size = int(args.min_mb * 2**20)
     while size <= int(args.max_mb * 2**20):
         x = torch.randn(size // 4, device="cuda")  # (size / 4,) f32
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
+        times, host_us = [], []
         for rep in range(args.warmup + args.reps):
             dist.barrier()
             torch.cuda.synchronize()
             start.record()
+            issued = time.perf_counter()
             dist.all_reduce(x)
+            issued = time.perf_counter() - issued
             end.record()
             end.synchronize()
             if rep >= args.warmup:
                 times.append(start.elapsed_time(end))
+                host_us.append(issued * 1e6)
         # The slowest rank's time of each round, then the median over rounds.
         local = torch.tensor(times, device="cuda")
         dist.all_reduce(local, op=dist.ReduceOp.MAX)
         ms = statistics.median(local.tolist())
         algbw = size / (ms * 1e-3) / 1e9
         if rank == 0:
-            print(f"  {size:12d}  {ms:10.4f} {algbw:10.2f} {algbw * bus_factor:10.2f}")
+            host = statistics.median(host_us)
+            print(f"  {size:12d}  {ms:10.4f} {algbw:10.2f} {algbw * bus_factor:10.2f}  {host:26.1f}")
             print(json.dumps({"backend": "torch-nccl", "ranks": world, "bytes": size, "torch_ms": ms,
-                              "torch_algbw_gbs": algbw, "torch_busbw_gbs": algbw * bus_factor}))
+                              "torch_algbw_gbs": algbw, "torch_busbw_gbs": algbw * bus_factor,
+                              "torch_host_us": host}))
         size *= 2
     dist.destroy_process_group()
 
