@@ -44,6 +44,17 @@ void check_gradient(const Node& node, size_t i, const Tensor& grad) {
                grad.dtype(), " on ", grad.device(), " for input ", i, " with shape ", shape_str(node.input_shapes[i]),
                ", ", node.input_dtypes[i], " on ", node.input_devices[i]);
 }
+// The gradient gathered so far for node's first input, when the node can add it in its own kernel
+// and that input's node is not also one of its other inputs' (whose gradients the engine adds
+// after); undefined otherwise.
+Tensor pending_to_fold(const Node& node, const std::unordered_map<Node*, Tensor>& buffers) {
+  if (!node.folds_pending() || node.next.empty() || !node.next[0]) return Tensor();
+  for (size_t i = 1; i < node.next.size(); ++i) {
+    if (node.next[i] == node.next[0]) return Tensor();
+  }
+  auto it = buffers.find(node.next[0].get());
+  return it != buffers.end() ? it->second : Tensor();
+}
 }  // namespace
 
 void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_graph) {
@@ -82,7 +93,9 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
     auto it = buffers.find(node.get());
     Tensor grad = std::move(it->second);
     buffers.erase(it);
-    std::vector<Tensor> grads = node->apply(std::move(grad));
+    Tensor pending = pending_to_fold(*node, buffers);
+    std::vector<Tensor> grads =
+        pending.defined() ? node->apply_folding(std::move(grad), pending) : node->apply(std::move(grad));
     if (!retain_graph) node->release();
     for (size_t i = 0; i < node->next.size(); ++i) {
       const std::shared_ptr<Node>& next = node->next[i];
@@ -90,7 +103,11 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
       if (i < grads.size() && grads[i].defined()) {
         check_gradient(*node, i, grads[i]);
         Tensor& slot = buffers[next.get()];
-        slot = slot.defined() ? kernels::binary(BinaryOp::add, slot, grads[i]) : grads[i];
+        if (i == 0 && pending.defined()) slot = grads[0];  // already holds the pending gradient
+        else slot = slot.defined() ? kernels::binary(BinaryOp::add, slot, grads[i]) : grads[i];
+      } else {
+        TANDEM_CHECK(i != 0 || !pending.defined(), "backward of ", node->name(),
+                     " took a pending gradient for input 0 but returned none");
       }
       if (--deps[next.get()] == 0) {
         if (buffers.count(next.get())) {

@@ -13,11 +13,26 @@ std::atomic<uint64_t> next_sequence_nr{0};
 
 Node::Node() : sequence_nr_(next_sequence_nr++) {}
 
-std::vector<Tensor> FunctionNode::apply(Tensor grad_output) {
-  TANDEM_CHECK(backward_ != nullptr, "backward: tried to go through ", name_,
+std::vector<Tensor> Node::apply_folding(Tensor, const Tensor&) {
+  TANDEM_CHECK(false, "backward: ", name(), " cannot fold a pending gradient");
+  return {};
+}
+
+void FunctionNode::check_not_released() const {
+  TANDEM_CHECK(backward_ != nullptr || folding_backward_ != nullptr, "backward: tried to go through ", name_,
                " a second time, but the saved tensors of the graph were freed after the first backward; "
                "pass retain_graph=true to the first backward() to go through it again");
-  return backward_(grad_output);
+}
+
+std::vector<Tensor> FunctionNode::apply(Tensor grad_output) {
+  check_not_released();
+  return backward_ ? backward_(grad_output) : folding_backward_(grad_output, Tensor());
+}
+
+std::vector<Tensor> FunctionNode::apply_folding(Tensor grad_output, const Tensor& pending) {
+  check_not_released();
+  TANDEM_CHECK(folding_backward_ != nullptr, "backward: ", name_, " cannot fold a pending gradient");
+  return folding_backward_(grad_output, pending);
 }
 
 std::vector<Tensor> AccumulateGrad::apply(Tensor grad) {
@@ -55,7 +70,9 @@ std::shared_ptr<Node> gradient_edge(const Tensor& t) {
   return acc;
 }
 
-Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, BackwardFn backward) {
+namespace {
+template <typename Fn>
+Tensor record_node(Tensor out, const char* name, const std::vector<Tensor>& inputs, Fn backward) {
   if (!GradMode::is_enabled()) return out;
   bool any = false;
   for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
@@ -73,6 +90,15 @@ Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, B
   m.requires_grad = true;
   m.grad_fn = std::move(node);
   return out;
+}
+}  // namespace
+
+Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, BackwardFn backward) {
+  return record_node(std::move(out), name, inputs, std::move(backward));
+}
+
+Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, FoldingBackwardFn backward) {
+  return record_node(std::move(out), name, inputs, std::move(backward));
 }
 
 }  // namespace tandem::autograd

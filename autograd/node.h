@@ -33,6 +33,13 @@ class Node {
 
   // Gradients for each input (an undefined tensor where there is none) from the output's gradient.
   virtual std::vector<Tensor> apply(Tensor grad_output) = 0;
+  // Whether the node can take `pending`, the gradient gathered so far for its first input's node,
+  // and return it already added into its own gradient for that input, in the kernel that computes
+  // it (layer norm's backward does). The engine then skips its add: one kernel and one pass over
+  // the gradient fewer where a tensor has two uses, as the residual stream of a transformer has.
+  virtual bool folds_pending() const { return false; }
+  // apply, with `pending` (defined) added into the returned gradient for input 0.
+  virtual std::vector<Tensor> apply_folding(Tensor grad_output, const Tensor& pending);
   virtual std::string name() const = 0;
   // Frees what the backward saved; called after the node ran unless the graph is retained.
   virtual void release() {}
@@ -51,18 +58,30 @@ class Node {
 };
 
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+// A backward that adds `pending` (when defined) into its gradient for input 0; see folds_pending.
+using FoldingBackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output, const Tensor& pending)>;
 
 // A node whose backward is a function (usually a lambda beside the op's forward).
 class FunctionNode : public Node {
  public:
   FunctionNode(std::string name, BackwardFn backward) : name_(std::move(name)), backward_(std::move(backward)) {}
+  FunctionNode(std::string name, FoldingBackwardFn backward)
+      : name_(std::move(name)), folding_backward_(std::move(backward)) {}
   std::vector<Tensor> apply(Tensor grad_output) override;
+  bool folds_pending() const override { return folding_backward_ != nullptr; }
+  std::vector<Tensor> apply_folding(Tensor grad_output, const Tensor& pending) override;
   std::string name() const override { return name_; }
-  void release() override { backward_ = nullptr; }
+  void release() override {
+    backward_ = nullptr;
+    folding_backward_ = nullptr;
+  }
 
  private:
+  void check_not_released() const;
+
   std::string name_;
-  BackwardFn backward_;  // null once released
+  BackwardFn backward_;                 // one of the two is set; both null once released
+  FoldingBackwardFn folding_backward_;
 };
 
 // The node at a leaf: adds the incoming gradient into leaf.grad, then runs the leaf's hooks.
@@ -86,6 +105,9 @@ std::shared_ptr<Node> gradient_edge(const Tensor& t);
 // returns out. The backward receives d(loss)/d(out) and returns one gradient per input.
 // Tensors the backward needs should be captured through saved() so the graph holds no cycles.
 Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, BackwardFn backward);
+// The same for a backward that can fold the pending gradient of its first input (see
+// Node::folds_pending).
+Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, FoldingBackwardFn backward);
 // A tensor to capture in a backward function: same data, no autograd history.
 inline Tensor saved(const Tensor& t) { return t.detach(); }
 

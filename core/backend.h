@@ -78,12 +78,13 @@ namespace tandem {
                            const Tensor& relu_out, const Tensor& grad_x, const Tensor& grad_weight, \
                            const Tensor& grad_bias, const Tensor& grad_residual);                   \
   /* layer norm over the last dim: x, out, grad_out, grad_x (rows, D) contiguous; weight, bias, */  \
-  /* grad_weight, grad_bias (D,) contiguous or undefined; mean, rstd (rows,) in the stats dtype */   \
+  /* grad_weight, grad_bias (D,) contiguous or undefined; mean, rstd (rows,) in the stats dtype; */  \
+  /* pending (rows, D) contiguous or undefined: a gradient added into grad_x */                     \
   void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, \
                           const Tensor& mean, const Tensor& rstd, double eps);                      \
   void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,            \
-                           const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,             \
-                           const Tensor& grad_weight, const Tensor& grad_bias);                      \
+                           const Tensor& mean, const Tensor& rstd, const Tensor& pending,            \
+                           const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias); \
   /* fused optimizer steps (see UpdateTensors): params, grads, states and masters contiguous, */   \
   /* params of one float dtype on one device, masters either empty or one (maybe undefined) each */ \
   void sgd_step(const UpdateTensors& t, const SgdHyper& h);                                        \

@@ -85,7 +85,7 @@ AddLayerNormForward add_layer_norm_forward(const Tensor& x, const Tensor& residu
 }
 
 LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                   const Tensor& rstd, bool with_bias) {
+                                   const Tensor& rstd, bool with_bias, const Tensor& pending) {
   TANDEM_CHECK_AS(ValueError, grad_out.shape() == x.shape(), "layer_norm_backward: grad_out ",
                   shape_str(grad_out.shape()), " must have the input's shape ", shape_str(x.shape()));
   TANDEM_CHECK_AS(TypeError, grad_out.dtype() == x.dtype(), "layer_norm_backward: grad_out has dtype ",
@@ -101,13 +101,19 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, cons
                   n, " elements (one per row), got ", mean.numel(), " and ", rstd.numel());
   TANDEM_CHECK_AS(TypeError, mean.dtype() == stat && rstd.dtype() == stat,
                   "layer_norm_backward: mean and rstd must be ", stat, ", got ", mean.dtype(), " and ", rstd.dtype());
+  TANDEM_CHECK_AS(ValueError, !pending.defined() || pending.shape() == x.shape(), "layer_norm_backward: pending ",
+                  shape_str(pending.shape()), " must have the input's shape ", shape_str(x.shape()));
+  TANDEM_CHECK_AS(TypeError, !pending.defined() || (pending.dtype() == x.dtype() && pending.device() == x.device()),
+                  "layer_norm_backward: pending is ", pending.dtype(), " on ", pending.device(), " but the input is ",
+                  x.dtype(), " on ", x.device());
+  Tensor pending_rows = pending.defined() ? as_rows(pending) : Tensor();  // (rows, D)
   LayerNormGrads grads;
   grads.x = empty(rows.shape(), x.options());
   if (w.defined()) grads.weight = empty({d}, x.options());
   if (with_bias) grads.bias = empty({d}, x.options());
   if (rows.numel() > 0) {
     TANDEM_ROUTE(x.device(), layer_norm_backward, g, rows, w, contiguous(views::reshape(mean, {n})),
-                 contiguous(views::reshape(rstd, {n})), grads.x, grads.weight, grads.bias);
+                 contiguous(views::reshape(rstd, {n})), pending_rows, grads.x, grads.weight, grads.bias);
   } else {
     if (grads.weight.defined()) fill_(grads.weight, 0.0);
     if (grads.bias.defined()) fill_(grads.bias, 0.0);

@@ -29,7 +29,9 @@ struct LayerNormGrads {
   Tensor weight;  // (D,), undefined when weight is
   Tensor bias;    // (D,), undefined unless with_bias
 };
+// pending: undefined, or a gradient like x that grads.x comes back with added in (the gradient
+// x's other uses gave; the backward kernel adds it before rounding, saving an add kernel).
 LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                   const Tensor& rstd, bool with_bias);
+                                   const Tensor& rstd, bool with_bias, const Tensor& pending = Tensor());
 
 }  // namespace tandem::kernels

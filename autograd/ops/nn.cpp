@@ -31,15 +31,19 @@ Tensor layer_norm_rows(const char* op, const Tensor& x, const Shape& normalized_
   return views::reshape(x, rows_shape);  // (..., D)
 }
 
-// Records layer norm's node for `out` = layer_norm(x) from the forward's statistics.
+// Records layer norm's node for `out` = layer_norm(x) from the forward's statistics. The node folds
+// x's pending gradient into its kernel: where x has another use (the residual stream), the two
+// gradients meet there rather than in an add.
 Tensor record_layer_norm(const Tensor& out, const Tensor& x, const Tensor& x_rows, const Tensor& weight,
                          const Tensor& bias, const kernels::LayerNormForward& f, const Shape& normalized_shape) {
   const bool with_bias = bias.defined() && bias.requires_grad();
   return record(out, "layer_norm", {x, weight, bias},
                 [sx = saved(x_rows), sw = weight.defined() ? saved(weight) : Tensor(), mean = f.mean, rstd = f.rstd,
-                 with_bias, x_shape = x.shape(), normalized_shape](const Tensor& g) -> std::vector<Tensor> {
-                  kernels::LayerNormGrads grads =
-                      kernels::layer_norm_backward(views::reshape(g, sx.shape()), sx, sw, mean, rstd, with_bias);
+                 with_bias, x_shape = x.shape(),
+                 normalized_shape](const Tensor& g, const Tensor& pending) -> std::vector<Tensor> {
+                  Tensor pending_rows = pending.defined() ? views::reshape(pending, sx.shape()) : Tensor();
+                  kernels::LayerNormGrads grads = kernels::layer_norm_backward(
+                      views::reshape(g, sx.shape()), sx, sw, mean, rstd, with_bias, pending_rows);
                   Tensor gx = views::reshape(grads.x, x_shape);
                   Tensor gw = grads.weight.defined() ? views::reshape(grads.weight, normalized_shape) : Tensor();
                   Tensor gb = grads.bias.defined() ? views::reshape(grads.bias, normalized_shape) : Tensor();

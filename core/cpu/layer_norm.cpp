@@ -60,10 +60,12 @@ void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, co
 }
 
 // With xhat = (x - mean) * rstd and g = dy * w: dx = rstd * (g - mean(g) - xhat * mean(g * xhat));
-// dweight = sum over rows of dy * xhat; dbias = sum over rows of dy.
+// dweight = sum over rows of dy * xhat; dbias = sum over rows of dy. pending, when defined, is
+// added into dx before it is rounded.
 template <typename T>
 void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                    const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
+                    const Tensor& rstd, const Tensor& pending, const Tensor& grad_x, const Tensor& grad_weight,
+                    const Tensor& grad_bias) {
   using S = stats_t<T>;
   const int64_t rows = x.shape()[0], d = x.shape()[1];
   const T* pg = grad_out.data<T>();                                  // (rows, D)
@@ -71,6 +73,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   const T* pw = weight.defined() ? weight.data<T>() : nullptr;       // (D,)
   const S* pm = mean.data<S>();                                      // (rows,)
   const S* pr = rstd.data<S>();                                      // (rows,)
+  const T* pp = pending.defined() ? pending.data<T>() : nullptr;     // (rows, D)
   T* pdx = grad_x.data<T>();                                         // (rows, D)
   T* pdw = grad_weight.defined() ? grad_weight.data<T>() : nullptr;  // (D,)
   T* pdb = grad_bias.defined() ? grad_bias.data<T>() : nullptr;      // (D,)
@@ -89,7 +92,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
     for (int64_t i = 0; i < d; ++i) {
       const double g = load(gr, i) * (pw ? load(pw, i) : 1.0);
       const double xhat = (load(xr, i) - mu) * rs;
-      dxr[i] = store<T>(rs * (g - a - xhat * b));
+      dxr[i] = store<T>(rs * (g - a - xhat * b) + (pp ? load(pp, r * d + i) : 0.0));
     }
   });
   if (!pdw && !pdb) return;
@@ -113,9 +116,10 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 }
 
 void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
+                         const Tensor& rstd, const Tensor& pending, const Tensor& grad_x, const Tensor& grad_weight,
+                         const Tensor& grad_bias) {
   dispatch_floating(x.dtype(), "layer_norm_backward", "cpu", [&](auto tag) {
-    backward_typed<decltype(tag)>(grad_out, x, weight, mean, rstd, grad_x, grad_weight, grad_bias);
+    backward_typed<decltype(tag)>(grad_out, x, weight, mean, rstd, pending, grad_x, grad_weight, grad_bias);
   });
 }
 

@@ -163,13 +163,15 @@ __device__ void store_block_partials(const S* shared, int64_t d, S* partial_dw, 
   }
 }
 
-// dx per row (one warp per row, rows strided over the grid); with partial_* set, also this
+// dx per row (one warp per row, rows strided over the grid), plus pending's row where pending is
+// set (the gradient x's other uses gave, added before rounding); with partial_* set, also this
 // block's column sums of dy * xhat and dy into partial_dw, partial_db (gridDim.x, D), through
 // shared memory (warps, 2, D) in S.
 template <typename T, int V>
 __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T* __restrict__ x,
                                          const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
-                                         const stat_t<acc_t<T>>* __restrict__ rstd, T* __restrict__ grad_x,
+                                         const stat_t<acc_t<T>>* __restrict__ rstd, const T* __restrict__ pending,
+                                         T* __restrict__ grad_x,
                                          stat_t<acc_t<T>>* __restrict__ partial_dw,
                                          stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d) {
   using S = stat_t<acc_t<T>>;
@@ -189,10 +191,11 @@ __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T
        row += static_cast<int64_t>(gridDim.x) * warps) {
     const T* gr = grad_out + row * d;  // (D,)
     const T* xr = x + row * d;         // (D,)
+    const T* pendr = pending ? pending + row * d : nullptr;  // (D,)
     T* dxr = grad_x + row * d;         // (D,)
     const S mu = mean[row], rs = rstd[row];
     S sum_g = 0, sum_gx = 0;
-    S gv[V], xv[V], wv[V];
+    S gv[V], xv[V], wv[V], pv[V];
     for (int64_t j = lane; j < vectors; j += 32) {
       load_vector<T, V>(gr, j, gv);
       load_vector<T, V>(xr, j, xv);
@@ -209,12 +212,13 @@ __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T
       load_vector<T, V>(gr, j, gv);
       load_vector<T, V>(xr, j, xv);
       if (weight) load_vector<T, V>(weight, j, wv);
+      if (pendr) load_vector<T, V>(pendr, j, pv);
       Packed<T, V> pack;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const S xhat = (xv[k] - mu) * rs;
         const S g = weight ? gv[k] * wv[k] : gv[k];
-        pack.v[k] = cast_to<T>(rs * (g - a - xhat * b));
+        pack.v[k] = cast_to<T>(rs * (g - a - xhat * b) + (pendr ? pv[k] : S(0)));
         if (columns) {
           my_dw[j * V + k] += gv[k] * xhat;  // each lane owns its columns: no races, a fixed order
           my_db[j * V + k] += gv[k];
@@ -235,7 +239,8 @@ template <typename T, int V, int kItems>
 __global__ void __launch_bounds__(kMaxBackwardWarps * 32, 2)  // two blocks (16 warps) per SM hide latency
     layer_norm_backward_rows_in_registers(const T* __restrict__ grad_out, const T* __restrict__ x,
                                           const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
-                                          const stat_t<acc_t<T>>* __restrict__ rstd, T* __restrict__ grad_x,
+                                          const stat_t<acc_t<T>>* __restrict__ rstd, const T* __restrict__ pending,
+                                         T* __restrict__ grad_x,
                                           stat_t<acc_t<T>>* __restrict__ partial_dw,
                                           stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d) {
   using S = stat_t<acc_t<T>>;
@@ -269,13 +274,14 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32, 2)  // two blocks (16 
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       if (!owned(i)) continue;
-      S wv[V];
+      S wv[V], pv[V];
       if (weight) load_vector<T, V>(weight, lane + 32 * i, wv);
+      if (pending) load_vector<T, V>(pending + row * d, lane + 32 * i, pv);
       Packed<T, V> pack;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const S g = weight ? gv[i][k] * wv[k] : gv[i][k];
-        pack.v[k] = cast_to<T>(rs * (g - a - xhat[i][k] * b));
+        pack.v[k] = cast_to<T>(rs * (g - a - xhat[i][k] * b) + (pending ? pv[k] : S(0)));
         dw[i][k] += gv[i][k] * xhat[i][k];
         db[i][k] += gv[i][k];
       }
@@ -334,14 +340,21 @@ __global__ void layer_norm_column_partials(const T* __restrict__ grad_out, const
   partial_db[static_cast<int64_t>(blockIdx.y) * d + c] = db;
 }
 
-// out (D,) = the sum of partial's rows (parts, D), in row order per column. Block (32, 16): 32
-// columns, 16 threads striding over the rows, combined in a fixed order.
+// grad_weight (D,) = the sum of partial_dw's rows (parts, D), and grad_bias from partial_db the
+// same way, in row order per column; blockIdx.y picks which (one launch for both), a null output
+// is skipped. Block (32, 16): 32 columns, 16 threads striding over the rows, combined in a fixed
+// order.
 constexpr int kReduceRows = 16;
 template <typename T>
-__global__ void layer_norm_reduce_partials(const stat_t<acc_t<T>>* __restrict__ partial, T* __restrict__ out,
-                                           int64_t parts, int64_t d) {
+__global__ void layer_norm_reduce_partials(const stat_t<acc_t<T>>* __restrict__ partial_dw,
+                                           const stat_t<acc_t<T>>* __restrict__ partial_db,
+                                           T* __restrict__ grad_weight, T* __restrict__ grad_bias, int64_t parts,
+                                           int64_t d) {
   using S = stat_t<acc_t<T>>;
   __shared__ S shared[kReduceRows][32];
+  const S* partial = blockIdx.y == 0 ? partial_dw : partial_db;  // (parts, D)
+  T* out = blockIdx.y == 0 ? grad_weight : grad_bias;            // (D,)
+  if (out == nullptr) return;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   S sum = 0;
   if (c < d) {
@@ -406,7 +419,8 @@ void forward_typed(const Tensor& x, const Tensor& residual, const Tensor& weight
 
 template <typename T>
 void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                    const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
+                    const Tensor& rstd, const Tensor& pending, const Tensor& grad_x, const Tensor& grad_weight,
+                    const Tensor& grad_bias) {
   using S = stat_t<acc_t<T>>;
   const int64_t rows = x.shape()[0], d = x.shape()[1];
   NvtxRange range("layer_norm_backward");
@@ -418,6 +432,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   const T* pw = weight.defined() ? device_ptr<const T>(weight) : nullptr;  // (D,)
   const S* pm = device_ptr<const S>(mean);                                 // (rows,)
   const S* pr = device_ptr<const S>(rstd);                                 // (rows,)
+  const T* pp = pending.defined() ? device_ptr<const T>(pending) : nullptr;  // (rows, D)
   T* pdx = device_ptr<T>(grad_x);                                          // (rows, D)
   const bool columns = grad_weight.defined() || grad_bias.defined();
 
@@ -441,7 +456,8 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   S* pdb = columns ? device_ptr<S>(partial_db) : nullptr;
 
   constexpr int V = 16 / sizeof(T);
-  const bool vectorised = d % V == 0 && aligned16(pg) && aligned16(px) && aligned16(pdx) && (!pw || aligned16(pw));
+  const bool vectorised = d % V == 0 && aligned16(pg) && aligned16(px) && aligned16(pdx) && (!pw || aligned16(pw)) &&
+                          (!pp || aligned16(pp));
   const dim3 block(32, warps);
   const size_t shared = in_shared ? warps * slice : 0;
   S* shared_dw = in_shared ? pdw : nullptr;
@@ -451,13 +467,13 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
     auto kernel = d <= per_item       ? layer_norm_backward_rows_in_registers<T, V, 1>
                   : d <= 2 * per_item ? layer_norm_backward_rows_in_registers<T, V, 2>
                                       : layer_norm_backward_rows_in_registers<T, V, 3>;
-    kernel<<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pdx, shared_dw, shared_db, rows, d);
+    kernel<<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, shared_dw, shared_db, rows, d);
   } else if (vectorised) {
     layer_norm_backward_rows<T, V>
-        <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pdx, shared_dw, shared_db, rows, d);
+        <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, shared_dw, shared_db, rows, d);
   } else {
     layer_norm_backward_rows<T, 1>
-        <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pdx, shared_dw, shared_db, rows, d);
+        <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, shared_dw, shared_db, rows, d);
   }
   check_launch("layer_norm_backward");
   if (!columns) return;
@@ -468,15 +484,10 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
         <<<column_grid, dim3(32, kColumnRows), 0, stream>>>(pg, px, pm, pr, pdw, pdb, rows, d, per_chunk);
     check_launch("layer_norm_backward (column sums)");
   }
-  const unsigned reduce_grid = static_cast<unsigned>((d + 31) / 32);
-  if (grad_weight.defined()) {
-    layer_norm_reduce_partials<T>
-        <<<reduce_grid, dim3(32, kReduceRows), 0, stream>>>(pdw, device_ptr<T>(grad_weight), parts, d);
-  }
-  if (grad_bias.defined()) {
-    layer_norm_reduce_partials<T>
-        <<<reduce_grid, dim3(32, kReduceRows), 0, stream>>>(pdb, device_ptr<T>(grad_bias), parts, d);
-  }
+  const dim3 reduce_grid(static_cast<unsigned>((d + 31) / 32), 2);  // y: weight, bias
+  layer_norm_reduce_partials<T><<<reduce_grid, dim3(32, kReduceRows), 0, stream>>>(
+      pdw, pdb, grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr,
+      grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr, parts, d);
   check_launch("layer_norm_backward (partial sums)");
 }
 }  // namespace
@@ -496,9 +507,11 @@ void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tenso
 }
 
 void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
+                         const Tensor& rstd, const Tensor& pending, const Tensor& grad_x, const Tensor& grad_weight,
+                         const Tensor& grad_bias) {
   dispatch_floating(x.dtype(), "layer_norm_backward", "cuda", [&](auto tag) {
-    backward_typed<device_t<decltype(tag)>>(grad_out, x, weight, mean, rstd, grad_x, grad_weight, grad_bias);
+    backward_typed<device_t<decltype(tag)>>(grad_out, x, weight, mean, rstd, pending, grad_x, grad_weight,
+                                            grad_bias);
   });
 }
 

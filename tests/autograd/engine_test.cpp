@@ -1,5 +1,6 @@
 // The backward engine: accumulation, hooks, grad mode, retain_graph, and its error messages.
 #include "support/test_util.h"
+#include "tandem/autograd/node.h"
 
 namespace tandem {
 namespace {
@@ -20,6 +21,41 @@ TEST(Engine, SumsGradientsOfATensorUsedTwice) {
   Tensor y = mul(w, w);  // dy/dw = 2w
   sum(add(y, w)).backward();
   EXPECT_TRUE(all_close(w.grad(), add(mul(w, 2.0), 1.0)));
+}
+
+// A node that can fold: records what the engine handed it, returns pending + 3 g for its input.
+Tensor triple_folding(const Tensor& x, std::vector<Tensor>* seen) {
+  return autograd::record(mul(x.detach(), 3.0), "triple", {x},
+                          [seen](const Tensor& g, const Tensor& pending) -> std::vector<Tensor> {
+                            seen->push_back(pending);
+                            Tensor grad = mul(g, 3.0);
+                            return {pending.defined() ? add(grad, pending) : grad};
+                          });
+}
+
+TEST(Engine, HandsTheGradientGatheredSoFarToANodeThatFoldsIt) {
+  Tensor w = testing::random_leaf({4});
+  Tensor x = exp(w);  // x's node waits for both uses below
+  std::vector<Tensor> seen;
+  Tensor folded = triple_folding(x, &seen);
+  Tensor other = mul(x, 2.0);  // created later, so its backward runs first
+  sum(add(folded, other)).backward();
+  ASSERT_EQ(seen.size(), 1u);
+  ASSERT_TRUE(seen[0].defined());
+  EXPECT_TRUE(all_close(seen[0], full_like(x, 2.0)));
+  EXPECT_TRUE(all_close(w.grad(), mul(exp(w.detach()), 5.0)));
+}
+
+TEST(Engine, ANodeThatRunsFirstHasNothingToFold) {
+  Tensor w = testing::random_leaf({4});
+  Tensor x = exp(w);
+  Tensor other = mul(x, 2.0);  // created first, so its backward runs after the folding node's
+  std::vector<Tensor> seen;
+  Tensor folded = triple_folding(x, &seen);
+  sum(add(folded, other)).backward();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_FALSE(seen[0].defined());
+  EXPECT_TRUE(all_close(w.grad(), mul(exp(w.detach()), 5.0)));
 }
 
 TEST(Engine, ExplicitGradientForNonScalarOutput) {

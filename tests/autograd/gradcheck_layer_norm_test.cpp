@@ -49,6 +49,24 @@ TEST(GradcheckLayerNorm, TwoNormalisedDimsAndANonContiguousInput) {
                    (Inputs{xt, nonzero_leaf({6}), random_leaf({6})}));
 }
 
+// x used again after the layer norm (as the residual stream is): the engine hands the later use's
+// gradient to layer norm's backward, which adds it in its own kernel.
+TEST(GradcheckLayerNorm, FoldsTheGradientOfASecondUse) {
+  auto x = random_leaf({3, 4, 7}), w = nonzero_leaf({7}), b = random_leaf({7});
+  EXPECT_GRADCHECK(
+      [](const Inputs& v) {
+        Tensor normed = layer_norm(v[0], {7}, v[1], v[2], 1e-5);
+        return add(normed, mul(v[0], v[0]));
+      },
+      (Inputs{x, w, b}));
+  EXPECT_GRADCHECK(
+      [](const Inputs& v) {
+        auto [sum, normed] = add_layer_norm(v[0], v[1], {7}, v[2], Tensor(), 1e-5);
+        return add(mul(normed, 2.0), mul(sum, sum));
+      },
+      (Inputs{x, random_leaf({3, 4, 7}), w}));
+}
+
 TEST(LayerNorm, ForwardMatchesTheComposedFormula) {
   for (DType dtype : {DType::f64, DType::f32}) {
     SCOPED_TRACE(dtype_name(dtype));

@@ -13,6 +13,7 @@ struct LayerNormCase {
   DType dtype;
   int64_t rows, d;
   bool with_weight, with_bias;
+  bool second_use = false;  // x used again after the norm: its gradient folded into the backward
 };
 
 Tensor rounded(const Shape& shape, double low, double high, DType dtype) {
@@ -24,7 +25,8 @@ Tensor on_cpu(const Tensor& t) { return to(to(t, Device("cpu")), DType::f64); }
 
 void check_case(const LayerNormCase& c) {
   SCOPED_TRACE(::testing::Message() << dtype_name(c.dtype) << " rows=" << c.rows << " D=" << c.d
-                                    << (c.with_weight ? " weight" : "") << (c.with_bias ? " bias" : ""));
+                                    << (c.with_weight ? " weight" : "") << (c.with_bias ? " bias" : "")
+                                    << (c.second_use ? " second use" : ""));
   // Inputs rounded to the test dtype first, so both sides see the same numbers; a non-zero mean
   // per row, as activations have.
   Tensor x = add(rounded({c.rows, c.d}, -2.0, 2.0, c.dtype), rounded({c.rows, 1}, -1.0, 1.0, c.dtype));
@@ -32,12 +34,15 @@ void check_case(const LayerNormCase& c) {
   Tensor w = c.with_weight ? rounded({c.d}, 0.5, 1.5, c.dtype) : Tensor();
   Tensor b = c.with_bias ? rounded({c.d}, -1.0, 1.0, c.dtype) : Tensor();
   Tensor direction = rounded({c.rows, c.d}, -1.0, 1.0, c.dtype);
+  Tensor direction2 = rounded({c.rows, c.d}, -1.0, 1.0, c.dtype);  // the second use's gradient
 
   Tensor xr = x.detach().requires_grad_();
   Tensor wr = w.defined() ? w.detach().requires_grad_() : Tensor();
   Tensor br = b.defined() ? b.detach().requires_grad_() : Tensor();
   Tensor ref = layer_norm(xr, {c.d}, wr, br, 1e-5);
-  sum(mul(ref, direction)).backward();
+  Tensor ref_loss = sum(mul(ref, direction));
+  if (c.second_use) ref_loss = add(ref_loss, sum(mul(xr, direction2)));
+  ref_loss.backward();
 
   Tensor xg = on_gpu(x, c.dtype);
   Tensor wg = w.defined() ? on_gpu(w, c.dtype) : Tensor();
@@ -45,7 +50,9 @@ void check_case(const LayerNormCase& c) {
   Tensor got = layer_norm(xg, {c.d}, wg, bg, 1e-5);
   ASSERT_TRUE(got.device().is_cuda());
   ASSERT_EQ(got.dtype(), c.dtype);
-  sum(mul(to(got, DType::f32), to(to(direction, DType::f32), Device("cuda")))).backward();
+  Tensor loss = sum(mul(to(got, DType::f32), to(to(direction, DType::f32), Device("cuda"))));
+  if (c.second_use) loss = add(loss, sum(mul(to(xg, DType::f32), to(to(direction2, DType::f32), Device("cuda")))));
+  loss.backward();
 
   const double tol = c.dtype == DType::bf16 ? 1.6e-2 : c.dtype == DType::f16 ? 2e-3 : 2e-5;
   EXPECT_TRUE(testing::all_close(on_cpu(got), ref, tol, tol)) << "output";
@@ -70,8 +77,13 @@ TEST(LayerNormParity, MatchesCpu) {
     check_case({dtype, 33, 768, false, false});
     check_case({dtype, 33, 100, true, false});
     check_case({dtype, 33, 768, false, true});
+    check_case({dtype, 64, 768, true, true, true});
+    check_case({dtype, 37, 100, true, true, true});
+    check_case({dtype, 5, 3000, true, false, true});
+    check_case({dtype, 9, 8192, true, true, true});
   }
   check_case({DType::f16, 64, 768, true, true});
+  check_case({DType::f16, 64, 768, true, true, true});
   cuda::synchronize();
   cuda::set_poison_allocations(false);
 }
