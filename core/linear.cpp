@@ -126,9 +126,11 @@ Tensor linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, 
   Tensor g = as_matrix(grad_out);  // (M, N)
   const int64_t m = g.shape()[0];
   // 16-bit only: with DGELU in f32 GPT-2's TF32 step was 3% slower, in bf16 0.5% faster (one
-  // H200, 2026-11-24).
+  // H200, 2026-11-24). And only from kDgeluMinRows rows: cuBLASLt runs DGELU on an older kernel
+  // that is slow on few rows, where a plain matmul and GELU's backward take less time.
+  constexpr int64_t kDgeluMinRows = 4096;
   const bool half = g.dtype() == DType::bf16 || g.dtype() == DType::f16;
-  if (half && fused_on_cuda(g, k, Activation::gelu_tanh) && m > 0 && n > 0) {
+  if (half && m >= kDgeluMinRows && fused_on_cuda(g, k, Activation::gelu_tanh) && n > 0) {
     Tensor d_pre = empty({m, k}, g.options());  // (M, K)
     if (cuda::linear_backward_input_gelu(g, contiguous(weight), as_matrix(pre), d_pre)) {
       return views::reshape(d_pre, pre.shape());

@@ -73,7 +73,8 @@ void check_case(const MlpCase& c, double tol) {
 
 std::vector<MlpCase> cases(DType dtype) {
   return {
-      {dtype, 64, 768, 3072, true, true},  // GPT-2's MLP
+      {dtype, 64, 768, 3072, true, true},  // GPT-2's MLP, few rows: GELU's backward composed
+      {dtype, 2048, 64, 256, true, true},  // 4096 rows: enough for the DGELU epilogue in 16 bits
       {dtype, 17, 40, 64, false, true},    // no biases
       {dtype, 9, 48, 44, true, true},      // hidden width not a multiple of 8: composed
       {dtype, 33, 64, 128, true, false},   // x is data (the first layer of a model)
@@ -104,19 +105,22 @@ TEST(GeluMlpParity, F16) {
   cuda::set_poison_allocations(false);
 }
 
-// The input gradient through GELU alone, on the GPU (bf16: the DGELU epilogue) against the CPU
-// in f64 from the same bf16 values.
+// The input gradient through GELU alone, on the GPU in bf16 against the CPU in f64 from the same
+// bf16 values: few rows (matmul, then GELU's backward) and many (the DGELU epilogue).
 TEST(GeluMlpParity, InputGradientThroughGeluMatchesTheCpu) {
   TANDEM_REQUIRE_CUDA();
-  Tensor g = rounded({2, 24, 40}, -1.0, 1.0, DType::bf16);
-  Tensor w = rounded({40, 96}, -0.25, 0.25, DType::bf16);
-  Tensor pre = rounded({2, 24, 96}, -2.0, 2.0, DType::bf16);
-  Tensor cpu = kernels::linear_backward_input_gelu(g, w, pre);
-  Tensor gpu = kernels::linear_backward_input_gelu(to(to(g, DType::bf16), Device("cuda")),
-                                                   to(to(w, DType::bf16), Device("cuda")),
-                                                   to(to(pre, DType::bf16), Device("cuda")));
-  ASSERT_EQ(gpu.shape(), pre.shape());
-  EXPECT_TRUE(testing::all_close(on_cpu(gpu), cpu, 2e-2, 2e-2));
+  for (int64_t tokens : {24, 2048}) {
+    SCOPED_TRACE(::testing::Message() << 2 * tokens << " rows");
+    Tensor g = rounded({2, tokens, 40}, -1.0, 1.0, DType::bf16);
+    Tensor w = rounded({40, 96}, -0.25, 0.25, DType::bf16);
+    Tensor pre = rounded({2, tokens, 96}, -2.0, 2.0, DType::bf16);
+    Tensor cpu = kernels::linear_backward_input_gelu(g, w, pre);
+    Tensor gpu = kernels::linear_backward_input_gelu(to(to(g, DType::bf16), Device("cuda")),
+                                                     to(to(w, DType::bf16), Device("cuda")),
+                                                     to(to(pre, DType::bf16), Device("cuda")));
+    ASSERT_EQ(gpu.shape(), pre.shape());
+    EXPECT_TRUE(testing::all_close(on_cpu(gpu), cpu, 2e-2, 2e-2));
+  }
 }
 
 }  // namespace
