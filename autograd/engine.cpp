@@ -46,14 +46,15 @@ void check_gradient(const Node& node, size_t i, const Tensor& grad) {
 }
 // The gradient gathered so far for node's first input, when the node can add it in its own kernel
 // and that input's node is not also one of its other inputs' (whose gradients the engine adds
-// after); undefined otherwise.
-Tensor pending_to_fold(const Node& node, const std::unordered_map<Node*, Tensor>& buffers) {
+// after); undefined otherwise. It is moved out of its slot, so that a node holding the only
+// reference may add into it in place; the node's result for input 0 takes the slot back.
+Tensor take_pending_to_fold(const Node& node, std::unordered_map<Node*, Tensor>& buffers) {
   if (!node.folds_pending() || node.next.empty() || !node.next[0]) return Tensor();
   for (size_t i = 1; i < node.next.size(); ++i) {
     if (node.next[i] == node.next[0]) return Tensor();
   }
   auto it = buffers.find(node.next[0].get());
-  return it != buffers.end() ? it->second : Tensor();
+  return it != buffers.end() ? std::move(it->second) : Tensor();
 }
 }  // namespace
 
@@ -93,7 +94,7 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
     auto it = buffers.find(node.get());
     Tensor grad = std::move(it->second);
     buffers.erase(it);
-    Tensor pending = pending_to_fold(*node, buffers);
+    Tensor pending = take_pending_to_fold(*node, buffers);
     std::vector<Tensor> grads =
         pending.defined() ? node->apply_folding(std::move(grad), pending) : node->apply(std::move(grad));
     if (!retain_graph) node->release();

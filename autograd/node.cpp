@@ -42,14 +42,17 @@ std::vector<Tensor> AccumulateGrad::apply(Tensor grad) {
     // in-place accumulation never writes into another tensor's memory. .grad takes the leaf's
     // memory format (a channels-last weight gets a channels-last gradient).
     const MemoryFormat format = leaf_.suggest_memory_format();
-    bool owned = grad.use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous(format) &&
-                 grad.offset() == 0 && grad.autograd_meta() == nullptr;
-    m.grad = owned ? grad : kernels::clone(grad, format);
+    m.grad = sole_owner(grad, format) ? grad : kernels::clone(grad, format);
   } else {
     kernels::add_(m.grad, grad);  // in place: the .grad buffer may be a view DDP watches
   }
   for (auto& hook : m.post_accumulate_hooks) hook(leaf_);
   return {};
+}
+
+bool sole_owner(const Tensor& t, MemoryFormat format) {
+  return t.use_count() == 1 && t.storage().use_count() == 1 && t.is_contiguous(format) && t.offset() == 0 &&
+         t.autograd_meta() == nullptr;
 }
 
 AutogradMeta& meta(const Tensor& t) {

@@ -111,6 +111,11 @@ Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, F
 // A tensor to capture in a backward function: same data, no autograd history.
 inline Tensor saved(const Tensor& t) { return t.detach(); }
 
+// Whether the caller's reference is the only one to t and its storage, t is dense in `format`
+// from the storage's start and has no autograd history: then writing into t in place cannot
+// change any other tensor (how a gradient buffer the engine hands over may be reused).
+bool sole_owner(const Tensor& t, MemoryFormat format = MemoryFormat::contiguous);
+
 // Runs backward from `root` with d(root)/d(root) = `gradient`.
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
 

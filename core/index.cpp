@@ -26,12 +26,20 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
-  int64_t d = wrap_dim(dim, static_cast<int64_t>(shape.size()), "index_add");
-  Tensor idx = index_as_i64("index_add", index, src.device());
   Tensor out = zeros(shape, src.options());
+  index_add_(out, dim, index, src);
+  return out;
+}
+
+void index_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
+  TANDEM_CHECK_AS(ValueError, out.is_contiguous() && out.dtype() == src.dtype() && out.device() == src.device(),
+                  "index_add_: out must be contiguous and of src's dtype and device, got ", out.dtype(), " on ",
+                  out.device(), out.is_contiguous() ? "" : " (not contiguous)", " for ", src.dtype(), " on ",
+                  src.device());
+  int64_t d = wrap_dim(dim, out.dim(), "index_add");
+  Tensor idx = index_as_i64("index_add", index, src.device());
   Tensor s = contiguous(src);
   TANDEM_ROUTE(src.device(), index_add, as_three_dims(out, d), idx, as_three_dims(s, d));
-  return out;
 }
 
 namespace {

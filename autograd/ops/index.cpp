@@ -41,9 +41,16 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   Tensor out = kernels::index_select(x, dim, index);
   int64_t d = wrap_dim(dim, x.dim(), "index_select");
-  return record(out, "index_select", {x}, [shape = x.shape(), d, idx = saved(index)](const Tensor& g) -> std::vector<Tensor> {
-    return {kernels::index_add(shape, d, idx, g)};
-  });
+  // The gradient is x's shape with g's rows added at index. Where x's other uses already gave one
+  // (the tied output head of a language model gives its embedding table's), the rows go into that
+  // one, in place when nothing else holds it: no zero table and no add over the whole table.
+  return record(out, "index_select", {x},
+                [shape = x.shape(), d, idx = saved(index)](const Tensor& g, const Tensor& pending) -> std::vector<Tensor> {
+                  if (!pending.defined()) return {kernels::index_add(shape, d, idx, g)};
+                  Tensor sum = autograd::sole_owner(pending) ? pending : kernels::clone(pending);
+                  kernels::index_add_(sum, d, idx, g);
+                  return {sum};
+                });
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {

@@ -56,6 +56,33 @@ TEST(GradcheckIndex, IndexSelectAccumulatesRepeatedRows) {
   EXPECT_TRUE(testing::all_close(x.grad(), {1, 1, 0, 0, 3, 3}));
 }
 
+// A table used again after the lookup, as a language model's tied output head uses its embedding:
+// the rows' gradient is added into the gradient the later use gave (in place where the engine
+// hands over the only reference).
+TEST(GradcheckIndex, IndexSelectFoldsIntoATiedUse) {
+  auto table = random_leaf({6, 3}), h = random_leaf({3, 3});
+  Tensor rows = indices({4, 0, 4, 5});
+  EXPECT_GRADCHECK(
+      [rows](const Inputs& v) {
+        Tensor looked_up = index_select(v[0], 0, rows);      // (4, 3)
+        return matmul(matmul(looked_up, v[1]), t(v[0]));     // (4, 6): the table again, transposed
+      },
+      (Inputs{table, h}));
+}
+
+// The later use's backward hands the same gradient tensor to two inputs, so it is not the lookup's
+// alone: the rows must go into a copy, leaving the other input's gradient as it was.
+TEST(GradcheckIndex, IndexSelectLeavesASharedGradientAlone) {
+  Tensor table = random_leaf({5, 2}), other = random_leaf({5, 2});
+  Tensor looked_up = index_select(table, 0, indices({1, 1, 3}));  // (3, 2)
+  Tensor both = add(table, other);                                 // backward: {g, g}
+  Tensor c = testing::random_tensor({5, 2});
+  add(sum(looked_up), sum(mul(both, c))).backward();
+  EXPECT_TRUE(testing::all_close(other.grad(), c));
+  Tensor picked = from_vector(std::vector<double>{0, 0, 2, 2, 0, 0, 1, 1, 0, 0}, {5, 2}, DType::f64);  // rows 1, 1 and 3
+  EXPECT_TRUE(testing::all_close(table.grad(), add(c, picked)));
+}
+
 TEST(GradcheckIndex, Gather) {
   for (const Tensor& x : {random_leaf({3, 4}), random_transposed_leaf({3, 4})}) {
     SCOPED_TRACE(x.is_contiguous() ? "contiguous" : "non-contiguous");
