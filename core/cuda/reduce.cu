@@ -1,9 +1,12 @@
 // CUDA reductions over the middle dim of a contiguous (outer, n, inner) tensor. Every op carries
 // a (value, index) state so sums, extremes and arg-extremes share one pair of kernels:
 //  - inner == 1: a block per row (and per chunk of a long row), cub::BlockReduce across threads;
-//  - inner > 1: 32 columns per block, rows split over threadIdx.y, combined through shared memory.
-// When a reduction is split into chunks, partial states go to a workspace and a second kernel
-// combines them, so a few long rows still fill the GPU.
+//  - inner > 1: 32 columns per block, rows split over threadIdx.y, combined through shared memory;
+//    for sums and extremes over aligned rows, 32 * V columns per block, each lane loading V
+//    neighbouring columns (16 bytes) at once, in the same order per column.
+// When a reduction is split into chunks, partial states go to a workspace (chunk-major, so that
+// the combining kernel reads it coalesced) and a second kernel combines them in chunk order, so a
+// few long rows, or a few columns over many rows, still fill the GPU.
 #include <cub/block/block_reduce.cuh>
 
 #include <limits>
@@ -11,6 +14,7 @@
 #include "tandem/core/backend.h"
 #include "tandem/core/content_hash.h"
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/loops.cuh"
 #include "tandem/core/scalar_math.h"
 
 namespace tandem::cuda {
@@ -19,7 +23,9 @@ namespace {
 constexpr int kRowThreads = 256;
 constexpr int kColumnsPerBlock = 32;
 constexpr int kRowsPerBlock = 8;
-constexpr int64_t kMinChunk = 4096;  // elements per chunk when a row is split
+constexpr int64_t kMinChunk = 4096;       // elements per chunk when a row is split
+constexpr int64_t kMinColumnChunk = 64;   // rows per chunk when columns are split
+constexpr int64_t kTargetBlocks = 132 * 4;  // enough blocks to fill an H100 or H200 (~4 per SM)
 
 template <typename A>
 struct State {
@@ -91,7 +97,7 @@ __global__ void reduce_rows(const T* __restrict__ x, int64_t n, int64_t chunk, T
   for (int64_t i = begin + threadIdx.x; i < end; i += kRowThreads) s = combine(s, State<A>{static_cast<A>(to_acc(in[i])), i});
   s = Block(temp).Reduce(s, combine);
   if (threadIdx.x != 0) return;
-  if (partial != nullptr) partial[row * gridDim.y + blockIdx.y] = s;
+  if (partial != nullptr) partial[blockIdx.y * gridDim.x + row] = s;  // (chunks, outer)
   else write_result<Op>(s, n, out, out_index, row);
 }
 
@@ -116,19 +122,61 @@ __global__ void reduce_columns(const T* __restrict__ x, int64_t n, int64_t inner
   if (threadIdx.y != 0 || col >= inner) return;
   for (int k = 1; k < kRowsPerBlock; ++k) s = combine(s, shared[k][threadIdx.x]);
   int64_t pos = o * inner + col;
-  if (partial != nullptr) partial[pos * gridDim.y + blockIdx.y] = s;
+  const int64_t outputs = gridDim.x / tiles * inner;
+  if (partial != nullptr) partial[blockIdx.y * outputs + pos] = s;  // (chunks, outputs)
   else write_result<Op>(s, n, out, out_index, pos);
 }
 
-// One thread per output: combines its `chunks` partial states.
+// reduce_columns for sums and extremes (no index to keep) when inner % V == 0 and x is 16-byte
+// aligned: grid (outer * ceil(inner / (32 V)), chunks); block (32, 8). Lane x owns columns
+// x V .. x V + V - 1 of its tile; per column the rows are combined in reduce_columns' order.
+template <ReduceOp Op, typename T, typename A, int V>
+__global__ void reduce_columns_vectorised(const T* __restrict__ x, int64_t n, int64_t inner, int64_t chunk, T* out,
+                                          State<A>* partial) {
+  static_assert(!Reducer<Op, A>::kArg, "arg reductions keep their indices: reduce_columns");
+  constexpr int kWidth = kColumnsPerBlock * V;
+  __shared__ A shared[kRowsPerBlock][kWidth];  // each row group's values per column of the tile
+  Reducer<Op, A> combine;
+  const int64_t tiles = (inner + kWidth - 1) / kWidth;
+  const int64_t o = blockIdx.x / tiles;
+  const int64_t col = (blockIdx.x % tiles) * kWidth + static_cast<int64_t>(threadIdx.x) * V;  // first of V
+  const int64_t begin = blockIdx.y * chunk;
+  const int64_t end = min(n, begin + chunk);
+  State<A> s[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) s[k] = Reducer<Op, A>::identity();
+  if (col < inner) {  // inner % V == 0: all V columns exist
+    const T* in = x + o * n * inner + col;
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowsPerBlock) {
+      const Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(in + r * inner);
+#pragma unroll
+      for (int k = 0; k < V; ++k) s[k] = combine(s[k], State<A>{static_cast<A>(to_acc(v.v[k])), r});
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) shared[threadIdx.y][threadIdx.x * V + k] = s[k].value;
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= inner) return;
+  const int64_t outputs = gridDim.x / tiles * inner;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    State<A> t = s[k];
+    for (int y = 1; y < kRowsPerBlock; ++y) t = combine(t, State<A>{shared[y][threadIdx.x * V + k], 0});
+    const int64_t pos = o * inner + col + k;
+    if (partial != nullptr) partial[blockIdx.y * outputs + pos] = t;  // (chunks, outputs)
+    else write_result<Op>(t, n, out, nullptr, pos);
+  }
+}
+
+// One thread per output: combines its `chunks` partial states (chunks, outputs) in chunk order.
 template <ReduceOp Op, typename T, typename A>
 __global__ void combine_partials(const State<A>* partial, int64_t outputs, int64_t chunks, int64_t n, T* out,
                                  int64_t* out_index) {
   int64_t pos = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (pos >= outputs) return;
   Reducer<Op, A> combine;
-  State<A> s = partial[pos * chunks];
-  for (int64_t c = 1; c < chunks; ++c) s = combine(s, partial[pos * chunks + c]);
+  State<A> s = partial[pos];
+  for (int64_t c = 1; c < chunks; ++c) s = combine(s, partial[c * outputs + pos]);
   write_result<Op>(s, n, out, out_index, pos);
 }
 
@@ -148,10 +196,17 @@ void reduce_typed(const Tensor& x, const Tensor& out) {
   T* po = Reducer<Op, A>::kArg ? nullptr : device_ptr<T>(out);
   int64_t* pi = Reducer<Op, A>::kArg ? device_ptr<int64_t>(out) : nullptr;
 
-  // Split long reductions until there are enough blocks to fill the GPU (~4 per SM).
-  const int64_t blocks_without_split = inner == 1 ? outer : outer * ((inner + kColumnsPerBlock - 1) / kColumnsPerBlock);
+  constexpr int V = 16 / sizeof(T);  // columns per 16-byte load
+  const bool vectorised = !Reducer<Op, A>::kArg && inner > 1 && inner % V == 0 &&
+                          reinterpret_cast<uintptr_t>(px) % 16 == 0;
+  const int64_t width = vectorised ? kColumnsPerBlock * V : kColumnsPerBlock;  // columns per block
+  const int64_t tiles = (inner + width - 1) / width;
+
+  // Split long reductions until there are enough blocks to fill the GPU.
+  const int64_t blocks_without_split = inner == 1 ? outer : outer * tiles;
+  const int64_t min_chunk = inner == 1 ? kMinChunk : kMinColumnChunk;
   int64_t chunks = 1;
-  while (blocks_without_split * chunks < 132 * 4 && n / (chunks * 2) >= kMinChunk && chunks < 1024) chunks *= 2;
+  while (blocks_without_split * chunks < kTargetBlocks && n / (chunks * 2) >= min_chunk && chunks < 1024) chunks *= 2;
   const int64_t chunk = (n + chunks - 1) / chunks;
 
   Tensor workspace;
@@ -164,10 +219,17 @@ void reduce_typed(const Tensor& x, const Tensor& out) {
     dim3 grid(static_cast<unsigned>(outer), static_cast<unsigned>(chunks));
     reduce_rows<Op, T, A><<<grid, kRowThreads, 0, stream>>>(px, n, chunk, po, pi, partial);
   } else {
-    int64_t tiles = (inner + kColumnsPerBlock - 1) / kColumnsPerBlock;
     dim3 grid(static_cast<unsigned>(outer * tiles), static_cast<unsigned>(chunks));
     dim3 block(kColumnsPerBlock, kRowsPerBlock);
-    reduce_columns<Op, T, A><<<grid, block, 0, stream>>>(px, n, inner, chunk, po, pi, partial);
+    if constexpr (!Reducer<Op, A>::kArg) {
+      if (vectorised) {
+        reduce_columns_vectorised<Op, T, A, V><<<grid, block, 0, stream>>>(px, n, inner, chunk, po, partial);
+      } else {
+        reduce_columns<Op, T, A><<<grid, block, 0, stream>>>(px, n, inner, chunk, po, pi, partial);
+      }
+    } else {
+      reduce_columns<Op, T, A><<<grid, block, 0, stream>>>(px, n, inner, chunk, po, pi, partial);
+    }
   }
   check_launch(reduce_op_name(Op));
   if (chunks > 1) {

@@ -138,6 +138,11 @@ std::vector<Case> cases() {
       Case{"sum_rows", {InputSpec{{33, 517}, {1, 517}}}, [](V x) { return sum(x[0], {1}); }, true, 4},
       Case{"sum_cols", {InputSpec{{517, 33}, {1, 33}}}, [](V x) { return sum(x[0], {0}, true); }, true, 4},
       Case{"sum_long_row", {InputSpec{{2, 70000}, {1, 70000}}}, [](V x) { return sum(x[0], {1}); }, true, 8},
+      // Columns a multiple of 8 wide over many rows: 16-byte loads of neighbouring columns, rows
+      // split into chunks (a bias gradient's shape).
+      Case{"sum_cols_vectorised", {InputSpec{{1000, 264}, {1, 264}}}, [](V x) { return sum(x[0], {0}); }, true, 8},
+      Case{"mean_middle_vectorised", {InputSpec{{3, 300, 16}, {3, 1, 16}}}, [](V x) { return mean(x[0], {1}); }, true, 4},
+      Case{"amax_cols_vectorised", {InputSpec{{130, 64}, {1, 64}}}, [](V x) { return amax(x[0], {0}); }, false},
       Case{"mean_middle", {InputSpec{{3, 50, 7}, {3, 50, 1}}}, [](V x) { return mean(x[0], {1}); }, true, 4},
       Case{"mean_outer_inner", {InputSpec{{3, 5, 7}, {3, 1, 7}}}, [](V x) { return mean(x[0], {0, 2}); }, true, 4},
       Case{"amax", {InputSpec{{9, 65}, {1, 65}}}, [](V x) { return amax(x[0], {1}); }, false},
