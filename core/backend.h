@@ -41,8 +41,9 @@ namespace tandem {
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out);                                 \
   /* x, out (outer, n, inner) contiguous; index (k,) i64 contiguous; out (outer, k, inner) */     \
   void index_select(const Tensor& x, const Tensor& index, const Tensor& out);                       \
-  /* out (outer, n, inner) += src (outer, k, inner) at rows index (k,) */                          \
-  void index_add(const Tensor& out, const Tensor& index, const Tensor& src);                        \
+  /* out (outer, n, inner) += src (outer, k, inner) at rows index (k,); in_order: each row's */    \
+  /* sources added in source order whatever the deterministic mode (the CPU always does) */         \
+  void index_add(const Tensor& out, const Tensor& index, const Tensor& src, bool in_order);          \
   /* x (outer, n, inner), index/out (outer, k, inner), all contiguous, index i64 */               \
   void gather(const Tensor& x, const Tensor& index, const Tensor& out);                             \
   void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src);                      \

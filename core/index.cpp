@@ -25,13 +25,8 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   return out;
 }
 
-Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
-  Tensor out = zeros(shape, src.options());
-  index_add_(out, dim, index, src);
-  return out;
-}
-
-void index_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
+namespace {
+void index_add_into(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool in_order) {
   TANDEM_CHECK_AS(ValueError, out.is_contiguous() && out.dtype() == src.dtype() && out.device() == src.device(),
                   "index_add_: out must be contiguous and of src's dtype and device, got ", out.dtype(), " on ",
                   out.device(), out.is_contiguous() ? "" : " (not contiguous)", " for ", src.dtype(), " on ",
@@ -39,7 +34,18 @@ void index_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tenso
   int64_t d = wrap_dim(dim, out.dim(), "index_add");
   Tensor idx = index_as_i64("index_add", index, src.device());
   Tensor s = contiguous(src);
-  TANDEM_ROUTE(src.device(), index_add, as_three_dims(out, d), idx, as_three_dims(s, d));
+  TANDEM_ROUTE(src.device(), index_add, as_three_dims(out, d), idx, as_three_dims(s, d), in_order);
+}
+}  // namespace
+
+Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
+  Tensor out = zeros(shape, src.options());
+  index_add_into(out, dim, index, src, /*in_order=*/false);  // into zeros: atomics unless deterministic mode
+  return out;
+}
+
+void index_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
+  index_add_into(out, dim, index, src, /*in_order=*/true);
 }
 
 namespace {

@@ -30,7 +30,7 @@ void index_select(const Tensor& x, const Tensor& index, const Tensor& out) {
   }
 }
 
-void index_add(const Tensor& out, const Tensor& index, const Tensor& src) {
+void index_add(const Tensor& out, const Tensor& index, const Tensor& src, bool /*in_order: always*/) {
   dispatch_numeric(out.dtype(), "index_add", "cpu", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;

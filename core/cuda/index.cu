@@ -248,8 +248,9 @@ void scatter_add_ordered(const Tensor& out, const Tensor& index, const Tensor& s
 }
 }  // namespace
 
-void index_add(const Tensor& out, const Tensor& index, const Tensor& src) {
-  if (ordered(out.dtype())) return index_add_ordered(out, index, src);
+void index_add(const Tensor& out, const Tensor& index, const Tensor& src, bool in_order) {
+  const bool integer = out.dtype() == DType::i32 || out.dtype() == DType::i64;  // exact in any order
+  if (ordered(out.dtype()) || (in_order && !integer)) return index_add_ordered(out, index, src);
   const int64_t outer = out.shape()[0], n = out.shape()[1], inner = out.shape()[2], k = index.numel();
   dispatch_atomic(out.dtype(), "index_add", [&](auto tag) {
     using T = decltype(tag);

@@ -104,7 +104,7 @@ void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const T
 }
 void matmul(const Tensor&, const Tensor&, const Tensor&) { no_cuda("matmul"); }
 void index_select(const Tensor&, const Tensor&, const Tensor&) { no_cuda("index_select"); }
-void index_add(const Tensor&, const Tensor&, const Tensor&) { no_cuda("index_add"); }
+void index_add(const Tensor&, const Tensor&, const Tensor&, bool) { no_cuda("index_add"); }
 void gather(const Tensor&, const Tensor&, const Tensor&) { no_cuda("gather"); }
 void scatter_add(const Tensor&, const Tensor&, const Tensor&) { no_cuda("scatter_add"); }
 void random(const Tensor&, RandomKind, uint64_t, uint64_t, double, double) { no_cuda("random"); }
