@@ -70,15 +70,19 @@ TEST(GradcheckIndex, IndexSelectFoldsIntoATiedUse) {
       (Inputs{table, h}));
 }
 
-// The later use's backward hands the same gradient tensor to two inputs, so it is not the lookup's
-// alone: the rows must go into a copy, leaving the other input's gradient as it was.
+// The later use's backward hands the same gradient tensor to two inputs, and the other input's
+// node (exp, created before the lookup) runs after the lookup's, so that tensor still waits in its
+// slot: the rows must go into a copy, leaving the other input's gradient as it was.
 TEST(GradcheckIndex, IndexSelectLeavesASharedGradientAlone) {
-  Tensor table = random_leaf({5, 2}), other = random_leaf({5, 2});
+  Tensor table = random_leaf({5, 2}), base = random_leaf({5, 2});
+  Tensor other = exp(base);                                        // (5, 2)
   Tensor looked_up = index_select(table, 0, indices({1, 1, 3}));  // (3, 2)
   Tensor both = add(table, other);                                 // backward: {g, g}
   Tensor c = testing::random_tensor({5, 2});
-  add(sum(looked_up), sum(mul(both, c))).backward();
-  EXPECT_TRUE(testing::all_close(other.grad(), c));
+  Tensor looked_up_sum = sum(looked_up);
+  Tensor both_sum = sum(mul(both, c));
+  add(looked_up_sum, both_sum).backward();
+  EXPECT_TRUE(testing::all_close(base.grad(), mul(c, exp(base.detach()))));
   Tensor picked = from_vector(std::vector<double>{0, 0, 2, 2, 0, 0, 1, 1, 0, 0}, {5, 2}, DType::f64);  // rows 1, 1 and 3
   EXPECT_TRUE(testing::all_close(table.grad(), add(c, picked)));
 }
