@@ -3,8 +3,9 @@
 // the pointers allow), so it reads x once and writes out once. The backward computes dx per row
 // and sums dy * xhat and dy per column (in registers for short rows, else into each warp's own
 // shared-memory slice); a block adds its warps' sums in order into one f32 partial row, and a
-// second kernel adds the blocks' partial rows in order. No atomics: the weight and bias gradients
-// are the same bits on every run.
+// second kernel adds the blocks' partial rows in order. Up to 128 rows one launch does it all:
+// blocks beside the rows' sum whole columns. No atomics: the weight and bias gradients are the
+// same bits on every run.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -235,14 +236,14 @@ __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T
 // Register-resident variant for rows of at most 32 * V * kItems elements (GPT-2's 768 in bf16 is
 // three 16-byte vectors per lane): each row of dy and x is read once, and this warp's column sums
 // stay in registers until its rows are done; only then do they go through shared memory.
+// The rows are strided over `blocks` blocks, this one being `block` (blockIdx.x and gridDim.x,
+// except inside layer_norm_backward_few_rows).
 template <typename T, int V, int kItems>
-__global__ void __launch_bounds__(kMaxBackwardWarps * 32, 2)  // two blocks (16 warps) per SM hide latency
-    layer_norm_backward_rows_in_registers(const T* __restrict__ grad_out, const T* __restrict__ x,
-                                          const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
-                                          const stat_t<acc_t<T>>* __restrict__ rstd, const T* __restrict__ pending,
-                                         T* __restrict__ grad_x,
-                                          stat_t<acc_t<T>>* __restrict__ partial_dw,
-                                          stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d) {
+__device__ __forceinline__ void backward_rows_in_registers(
+    const T* __restrict__ grad_out, const T* __restrict__ x, const T* __restrict__ weight,
+    const stat_t<acc_t<T>>* __restrict__ mean, const stat_t<acc_t<T>>* __restrict__ rstd,
+    const T* __restrict__ pending, T* __restrict__ grad_x, stat_t<acc_t<T>>* __restrict__ partial_dw,
+    stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d, int64_t block, int64_t blocks) {
   using S = stat_t<acc_t<T>>;
   const int lane = threadIdx.x, warps = blockDim.y;
   const bool columns = partial_dw != nullptr;
@@ -250,8 +251,7 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32, 2)  // two blocks (16 
   const S inv_d = S(1) / static_cast<S>(d);
   auto owned = [&](int i) { return lane + 32 * i < vectors; };  // this lane's i-th vector exists
   S dw[kItems][V] = {}, db[kItems][V] = {};  // this lane's columns of sum(dy * xhat), sum(dy)
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.y; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * warps) {
+  for (int64_t row = block * warps + threadIdx.y; row < rows; row += blocks * warps) {
     const S mu = mean[row], rs = rstd[row];
     S gv[kItems][V], xhat[kItems][V];
     S sum_g = 0, sum_gx = 0;
@@ -303,6 +303,58 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32, 2)  // two blocks (16 
   }
   __syncthreads();
   store_block_partials(shared, d, partial_dw, partial_db);
+}
+
+template <typename T, int V, int kItems>
+__global__ void __launch_bounds__(kMaxBackwardWarps * 32, 2)  // two blocks (16 warps) per SM hide latency
+    layer_norm_backward_rows_in_registers(const T* __restrict__ grad_out, const T* __restrict__ x,
+                                          const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
+                                          const stat_t<acc_t<T>>* __restrict__ rstd, const T* __restrict__ pending,
+                                          T* __restrict__ grad_x, stat_t<acc_t<T>>* __restrict__ partial_dw,
+                                          stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d) {
+  backward_rows_in_registers<T, V, kItems>(grad_out, x, weight, mean, rstd, pending, grad_x, partial_dw, partial_db,
+                                           rows, d, blockIdx.x, gridDim.x);
+}
+
+// Few rows (at most kFewRows), in one launch of (32, warps) blocks: the first row_blocks compute
+// dx as above; each block after them sums 32 columns of dy * xhat and dy over every row (the
+// warps stride the rows, then their sums are added in warp order) and writes grad_weight and
+// grad_bias (either may be null) directly. No partial rows and no second kernel: at GPT-2's 128
+// rows (B 1, T 128) the step's layer norms are bound by launches and latency, not by bytes. At
+// 256 rows the column blocks' longer loops made the step slower than the two kernels (one H200).
+constexpr int64_t kFewRows = 128;
+template <typename T, int V, int kItems>
+__global__ void __launch_bounds__(kMaxBackwardWarps * 32)
+    layer_norm_backward_few_rows(const T* __restrict__ grad_out, const T* __restrict__ x,
+                                 const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
+                                 const stat_t<acc_t<T>>* __restrict__ rstd, const T* __restrict__ pending,
+                                 T* __restrict__ grad_x, T* __restrict__ grad_weight, T* __restrict__ grad_bias,
+                                 int64_t rows, int64_t d, unsigned row_blocks) {
+  using S = stat_t<acc_t<T>>;
+  if (blockIdx.x < row_blocks) {
+    backward_rows_in_registers<T, V, kItems>(grad_out, x, weight, mean, rstd, pending, grad_x, nullptr, nullptr, rows,
+                                             d, blockIdx.x, row_blocks);
+    return;
+  }
+  __shared__ S sums[2][kMaxBackwardWarps][32];  // (weight/bias, warp, column)
+  const int lane = threadIdx.x, warp = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x - row_blocks) * 32 + lane;
+  S dw = 0, db = 0;
+  if (c < d) {
+    for (int64_t r = warp; r < rows; r += blockDim.y) {
+      const S g = static_cast<S>(to_acc(grad_out[r * d + c]));
+      dw += g * ((static_cast<S>(to_acc(x[r * d + c])) - mean[r]) * rstd[r]);
+      db += g;
+    }
+  }
+  sums[0][warp][lane] = dw;
+  sums[1][warp][lane] = db;
+  __syncthreads();
+  T* out = warp == 0 ? grad_weight : grad_bias;  // warp 0 writes the weight's, warp 1 the bias's
+  if (warp > 1 || out == nullptr || c >= d) return;
+  S total = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.y); ++w) total += sums[warp][w][lane];
+  out[c] = cast_to<T>(total);
 }
 
 // Column sums for rows too wide for shared memory: block (32, 8) covers 32 columns; blockIdx.y
@@ -444,6 +496,24 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   const int64_t wanted = (rows + warps - 1) / warps;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(wanted, 4LL * multiprocessors(device)));
 
+  constexpr int V = 16 / sizeof(T);
+  const bool vectorised = d % V == 0 && aligned16(pg) && aligned16(px) && aligned16(pdx) && (!pw || aligned16(pw)) &&
+                          (!pp || aligned16(pp));
+  const int64_t per_item = 32 * V;
+  if (vectorised && columns && rows <= kFewRows && d <= 3 * per_item) {
+    const dim3 few_block(32, kMaxBackwardWarps);
+    const unsigned row_blocks = static_cast<unsigned>((rows + kMaxBackwardWarps - 1) / kMaxBackwardWarps);
+    const unsigned column_blocks = static_cast<unsigned>((d + 31) / 32);
+    auto kernel = d <= per_item       ? layer_norm_backward_few_rows<T, V, 1>
+                  : d <= 2 * per_item ? layer_norm_backward_few_rows<T, V, 2>
+                                      : layer_norm_backward_few_rows<T, V, 3>;
+    kernel<<<row_blocks + column_blocks, few_block, 0, stream>>>(
+        pg, px, pw, pm, pr, pp, pdx, grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr,
+        grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr, rows, d, row_blocks);
+    check_launch("layer_norm_backward (few rows)");
+    return;
+  }
+
   Tensor partial_dw, partial_db;  // (parts, D) f32 (f64 for f64)
   int64_t parts = 0;
   if (columns) {
@@ -455,14 +525,10 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   S* pdw = columns ? device_ptr<S>(partial_dw) : nullptr;
   S* pdb = columns ? device_ptr<S>(partial_db) : nullptr;
 
-  constexpr int V = 16 / sizeof(T);
-  const bool vectorised = d % V == 0 && aligned16(pg) && aligned16(px) && aligned16(pdx) && (!pw || aligned16(pw)) &&
-                          (!pp || aligned16(pp));
   const dim3 block(32, warps);
   const size_t shared = in_shared ? warps * slice : 0;
   S* shared_dw = in_shared ? pdw : nullptr;
   S* shared_db = in_shared ? pdb : nullptr;
-  const int64_t per_item = 32 * V;
   if (vectorised && (!columns || in_shared) && d <= 3 * per_item) {  // up to 768 in 16 bits (4 would spill)
     auto kernel = d <= per_item       ? layer_norm_backward_rows_in_registers<T, V, 1>
                   : d <= 2 * per_item ? layer_norm_backward_rows_in_registers<T, V, 2>

@@ -1,7 +1,8 @@
 // The fused CUDA layer norm against the CPU's, forward and all three gradients, on fresh random
 // inputs: GPT-2's width (the vectorised, register-resident path), an odd width (the scalar
-// path), a width past the shared-memory budget of the backward (the column-sum path), and the
-// optional weight and bias left out.
+// path), a width past the shared-memory budget of the backward (the column-sum path), at most
+// 128 rows (the backward's one-launch path for few rows) and just past that, and the optional
+// weight and bias left out.
 #include "support/test_util.h"
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/kernels.h"
@@ -81,26 +82,34 @@ TEST(LayerNormParity, MatchesCpu) {
     check_case({dtype, 37, 100, true, true, true});
     check_case({dtype, 5, 3000, true, false, true});
     check_case({dtype, 9, 8192, true, true, true});
+    check_case({dtype, 128, 768, true, true});         // the most rows the few-rows backward takes (16 bits)
+    check_case({dtype, 129, 768, true, true, true});   // one more: partial rows, then their sum
+    check_case({dtype, 100, 384, true, false, true});  // few rows in f32 too (384 fits its registers)
+    check_case({dtype, 128, 256, false, true});
   }
   check_case({DType::f16, 64, 768, true, true});
   check_case({DType::f16, 64, 768, true, true, true});
+  check_case({DType::f16, 128, 768, true, false, true});
   cuda::synchronize();
   cuda::set_poison_allocations(false);
 }
 
 TEST(LayerNormParity, ParameterGradientsAreTheSameEveryRun) {
   TANDEM_REQUIRE_CUDA();
-  Tensor x = to(testing::random_tensor({4096, 768}, DType::f32), DType::bf16);
-  Tensor g = to(testing::random_tensor({4096, 768}, DType::f32), DType::bf16);
-  Tensor w = to(testing::random_uniform({768}, 0.5, 1.5, DType::f32), DType::bf16);
-  x = to(x, Device("cuda"));
-  g = to(g, Device("cuda"));
-  w = to(w, Device("cuda"));
-  kernels::LayerNormForward f = kernels::layer_norm_forward(x, w, Tensor(), 1e-5);
-  kernels::LayerNormGrads first = kernels::layer_norm_backward(g, x, w, f.mean, f.rstd, true);
-  kernels::LayerNormGrads second = kernels::layer_norm_backward(g, x, w, f.mean, f.rstd, true);
-  EXPECT_TRUE(testing::all_close(on_cpu(first.weight), on_cpu(second.weight), 0, 0));
-  EXPECT_TRUE(testing::all_close(on_cpu(first.bias), on_cpu(second.bias), 0, 0));
+  for (int64_t rows : {4096, 128}) {  // partial rows and their sum; the few-rows path
+    SCOPED_TRACE(::testing::Message() << "rows=" << rows);
+    Tensor x = to(testing::random_tensor({rows, 768}, DType::f32), DType::bf16);
+    Tensor g = to(testing::random_tensor({rows, 768}, DType::f32), DType::bf16);
+    Tensor w = to(testing::random_uniform({768}, 0.5, 1.5, DType::f32), DType::bf16);
+    x = to(x, Device("cuda"));
+    g = to(g, Device("cuda"));
+    w = to(w, Device("cuda"));
+    kernels::LayerNormForward f = kernels::layer_norm_forward(x, w, Tensor(), 1e-5);
+    kernels::LayerNormGrads first = kernels::layer_norm_backward(g, x, w, f.mean, f.rstd, true);
+    kernels::LayerNormGrads second = kernels::layer_norm_backward(g, x, w, f.mean, f.rstd, true);
+    EXPECT_TRUE(testing::all_close(on_cpu(first.weight), on_cpu(second.weight), 0, 0));
+    EXPECT_TRUE(testing::all_close(on_cpu(first.bias), on_cpu(second.bias), 0, 0));
+  }
 }
 
 }  // namespace
