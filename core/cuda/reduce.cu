@@ -231,15 +231,14 @@ void reduce_typed(const Tensor& x, const Tensor& out) {
   } else {
     dim3 grid(static_cast<unsigned>(outer * tiles), static_cast<unsigned>(chunks));
     dim3 block(kColumnsPerBlock, kRowsPerBlock);
-    if constexpr (!Reducer<Op, A>::kArg) {
+    bool launched = false;
+    if constexpr (!Reducer<Op, A>::kArg) {  // (vectorised is false for arg ops, which need each index)
       if (vectorised) {
         reduce_columns_vectorised<Op, T, A, V><<<grid, block, 0, stream>>>(px, n, inner, chunk, po, partial);
-      } else {
-        reduce_columns<Op, T, A><<<grid, block, 0, stream>>>(px, n, inner, chunk, po, pi, partial);
+        launched = true;
       }
-    } else {
-      reduce_columns<Op, T, A><<<grid, block, 0, stream>>>(px, n, inner, chunk, po, pi, partial);
     }
+    if (!launched) reduce_columns<Op, T, A><<<grid, block, 0, stream>>>(px, n, inner, chunk, po, pi, partial);
   }
   check_launch(reduce_op_name(Op));
   if (chunks > 1) {
