@@ -150,6 +150,10 @@ std::vector<Case> cases() {
       Case{"max_values", {InputSpec{{9, 65}, {1, 65}}}, [](V x) { return max(x[0], 1).values; }, false},
       Case{"argmax", {InputSpec{{9, 65}, {9, 65}}}, [](V x) { return to(argmax(x[0], 1), x[0].dtype()); }, false},
       Case{"argmin_all", {InputSpec{{9, 65}, {9, 65}}}, [](V x) { return to(argmin(x[0], 0), x[0].dtype()); }, false},
+      // A whole 1M-element tensor reduced in 256 chunks, whose partials 32 threads combine (the
+      // arg reductions across chunks have a test of their own below).
+      Case{"mean_all_many_chunks", {InputSpec{{1024, 1024}, {1, 1024}}}, [](V x) { return mean(x[0]); }, true, 8},
+      Case{"amax_all_many_chunks", {InputSpec{{1024, 1024}, {1, 1024}}}, [](V x) { return amax(x[0], {0, 1}); }, false},
       Case{"var", {InputSpec{{6, 70}, {1, 70}}}, [](V x) { return var(x[0], {1}); }, true, 4},
       Case{"softmax_last", {InputSpec{{12, 333}, {1, 333}}}, [](V x) { return softmax(x[0], -1); }, true, 2},
       Case{"softmax_rows_in_registers", {InputSpec{{12, 512}, {1, 512}}}, [](V x) { return softmax(x[0], -1); }, true, 2},
@@ -270,6 +274,29 @@ void run_parity(DType dtype) {
 TEST(CudaParity, F32) { run_parity(DType::f32); }
 TEST(CudaParity, F16) { run_parity(DType::f16); }
 TEST(CudaParity, BF16) { run_parity(DType::bf16); }
+
+// Arg reductions split into chunks (long rows, tall columns, a whole tensor): the index is the
+// CPU's, exactly, the first of equal extremes wherever the chunks end. In bf16 and f16 draws from
+// [-2, 2) repeat, so a 70000-element row holds many copies of its maximum.
+TEST(CudaParity, ArgReductionsAcrossChunksTakeTheFirstIndex) {
+  TANDEM_REQUIRE_CUDA();
+  auto same = [](const Tensor& cpu, const Tensor& gpu) {
+    ASSERT_TRUE(gpu.device().is_cuda());
+    EXPECT_EQ(to(cpu, DType::i64).to_vector<int64_t>(), to(to(gpu, Device("cpu")), DType::i64).to_vector<int64_t>());
+  };
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor rows = to(testing::random_uniform({3, 70000}, -2.0, 2.0, DType::f32), dtype);     // (3, 70000)
+    Tensor columns = to(testing::random_uniform({8192, 40}, -2.0, 2.0, DType::f32), dtype);  // (8192, 40)
+    Tensor whole = to(testing::random_uniform({1024, 1024}, -2.0, 2.0, DType::f32), dtype);  // (1024, 1024)
+    const Device gpu("cuda");
+    same(argmax(rows, 1), argmax(to(rows, gpu), 1));
+    same(argmin(rows, 1), argmin(to(rows, gpu), 1));
+    same(argmax(columns, 0), argmax(to(columns, gpu), 0));
+    same(argmin(columns, 0), argmin(to(columns, gpu), 0));
+    same(argmax(whole), argmax(to(whole, gpu)));
+  }
+}
 
 TEST(CudaParity, ArangeOnTheDeviceInEveryDType) {
   TANDEM_REQUIRE_CUDA();
