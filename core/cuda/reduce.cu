@@ -5,8 +5,9 @@
 //    for sums and extremes over aligned rows, 32 * V columns per block, each lane loading V
 //    neighbouring columns (16 bytes) at once, in the same order per column.
 // When a reduction is split into chunks, partial states go to a workspace (chunk-major, so that
-// the combining kernel reads it coalesced) and a second kernel combines them in chunk order, so a
-// few long rows, or a few columns over many rows, still fill the GPU.
+// the combining kernel reads it coalesced) and a second kernel combines them in a fixed order
+// (several threads per output, each a share of the chunks), so a few long rows, or a few columns
+// over many rows, still fill the GPU.
 #include <cub/block/block_reduce.cuh>
 
 #include <limits>
