@@ -1,9 +1,9 @@
 // CUDA layer norm over the last dim of contiguous (rows, D) tensors, statistics in f32 (f64 for
 // f64). One warp per row: the forward keeps a short row in registers (16-byte loads when D and
 // the pointers allow), so it reads x once and writes out once. The backward computes dx per row
-// and sums dy * xhat and dy per column (in registers for short rows, else into each warp's own
-// shared-memory slice); a block adds its warps' sums in order into one f32 partial row, and a
-// second kernel adds the blocks' partial rows in order. Up to 128 rows one launch does it all:
+// (a short row's dy, x and pending held in registers) and sums dy * xhat and dy per column into
+// each warp's own shared-memory slice; a block adds its warps' sums in order into one f32 partial
+// row, and a second kernel adds the blocks' partial rows in order. Up to 128 rows one launch does it all:
 // blocks beside the rows' sum whole columns. No atomics: the weight and bias gradients are the
 // same bits on every run.
 #include <algorithm>
@@ -233,87 +233,139 @@ __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T
   store_block_partials(shared, d, partial_dw, partial_db);
 }
 
-// Register-resident variant for rows of at most 32 * V * kItems elements (GPT-2's 768 in bf16 is
-// three 16-byte vectors per lane): each row of dy and x is read once, and this warp's column sums
-// stay in registers until its rows are done; only then do they go through shared memory.
-// The rows are strided over `blocks` blocks, this one being `block` (blockIdx.x and gridDim.x,
-// except inside layer_norm_backward_few_rows).
+// Where column c of a row lies in a warp's slice of column sums in shared memory, for rows whose
+// lanes own vectors lane, lane + 32, ... of V elements (item i holds vector 32 * i + lane): the
+// slice is [item][16-byte chunk of the vector][lane][element], so that a warp's 16-byte accesses
+// to one chunk of one item are contiguous (no bank conflicts). Covers 32 * V * kItems columns.
+template <typename S, int V>
+struct SumSlice {
+  static constexpr int kChunk = 16 / static_cast<int>(sizeof(S));  // S per 16 bytes
+  static constexpr int kChunks = V / kChunk;                        // 16-byte chunks per vector
+  static_assert(kChunks >= 1 && V % kChunk == 0, "a vector is a whole number of 16-byte chunks");
+  __device__ static int64_t offset(int64_t c) {
+    const int64_t j = c / V, r = c % V;
+    return ((j / 32 * kChunks + r / kChunk) * 32 + j % 32) * kChunk + r % kChunk;
+  }
+  // Adds add[V] (one item's values) to the slice at item i of this lane.
+  __device__ static void accumulate(S* slice, int i, int lane, const S (&add)[V]) {
+#pragma unroll
+    for (int q = 0; q < kChunks; ++q) {
+      auto* chunk = reinterpret_cast<Packed<S, kChunk>*>(slice + ((i * kChunks + q) * 32 + lane) * kChunk);
+      Packed<S, kChunk> v = *chunk;
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) v.v[e] += add[q * kChunk + e];
+      *chunk = v;
+    }
+  }
+};
+
+// Short rows, at most 32 * V * kItems elements (GPT-2's 768 in bf16 is three 16-byte vectors per
+// lane), one warp per row: each lane loads its vectors of dy, x and pending as raw 16-byte packs
+// before the row's sums, so one memory round trip serves the whole row, and dx is computed from
+// them in registers. With `sums` set (this warp's slice (2, 32 * V * kItems) in S, laid out as
+// SumSlice says: dy * xhat's sums, then dy's), the lane adds its columns there: in shared memory
+// rather than registers, which keeps the registers for the loads in flight (with the sums in
+// registers as well, GPT-2's rows spilled and took 30-33 us at 8192 rows on an H200, against 21-24
+// us now). The rows are strided over `blocks` blocks, this one being `block`.
 template <typename T, int V, int kItems>
-__device__ __forceinline__ void backward_rows_in_registers(
+__device__ __forceinline__ void backward_short_rows(
     const T* __restrict__ grad_out, const T* __restrict__ x, const T* __restrict__ weight,
     const stat_t<acc_t<T>>* __restrict__ mean, const stat_t<acc_t<T>>* __restrict__ rstd,
-    const T* __restrict__ pending, T* __restrict__ grad_x, stat_t<acc_t<T>>* __restrict__ partial_dw,
-    stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d, int64_t block, int64_t blocks) {
+    const T* __restrict__ pending, T* __restrict__ grad_x, stat_t<acc_t<T>>* sums, int64_t rows, int64_t d,
+    int64_t block, int64_t blocks) {
   using S = stat_t<acc_t<T>>;
+  using Slice = SumSlice<S, V>;
+  constexpr int64_t kSlice = 32 * V * kItems;
   const int lane = threadIdx.x, warps = blockDim.y;
-  const bool columns = partial_dw != nullptr;
   const int64_t vectors = d / V;
   const S inv_d = S(1) / static_cast<S>(d);
   auto owned = [&](int i) { return lane + 32 * i < vectors; };  // this lane's i-th vector exists
-  S dw[kItems][V] = {}, db[kItems][V] = {};  // this lane's columns of sum(dy * xhat), sum(dy)
+  if (sums) {
+    for (int64_t o = lane; o < 2 * kSlice; o += 32) sums[o] = S(0);
+    __syncwarp();
+  }
+  auto value = [](T v) { return static_cast<S>(to_acc(v)); };
   for (int64_t row = block * warps + threadIdx.y; row < rows; row += blocks * warps) {
     const S mu = mean[row], rs = rstd[row];
-    S gv[kItems][V], xhat[kItems][V];
+    Packed<T, V> gv[kItems], xv[kItems], pv[kItems];  // this lane's vectors of the row's dy, x, pending
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      if (!owned(i)) continue;
+      gv[i] = reinterpret_cast<const Packed<T, V>*>(grad_out + row * d)[lane + 32 * i];
+      xv[i] = reinterpret_cast<const Packed<T, V>*>(x + row * d)[lane + 32 * i];
+      if (pending) pv[i] = reinterpret_cast<const Packed<T, V>*>(pending + row * d)[lane + 32 * i];
+    }
     S sum_g = 0, sum_gx = 0;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       if (!owned(i)) continue;
-      load_vector<T, V>(grad_out + row * d, lane + 32 * i, gv[i]);
-      load_vector<T, V>(x + row * d, lane + 32 * i, xhat[i]);
       S wv[V];  // the weight, read again per row from L1 rather than held in registers
       if (weight) load_vector<T, V>(weight, lane + 32 * i, wv);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        xhat[i][k] = (xhat[i][k] - mu) * rs;
-        const S g = weight ? gv[i][k] * wv[k] : gv[i][k];
+        const S g = weight ? value(gv[i].v[k]) * wv[k] : value(gv[i].v[k]);
         sum_g += g;
-        sum_gx += g * xhat[i][k];
+        sum_gx += g * ((value(xv[i].v[k]) - mu) * rs);
       }
     }
     const S a = warp_sum(sum_g) * inv_d, b = warp_sum(sum_gx) * inv_d;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       if (!owned(i)) continue;
-      S wv[V], pv[V];
+      S wv[V], dw[V], db[V];
       if (weight) load_vector<T, V>(weight, lane + 32 * i, wv);
-      if (pending) load_vector<T, V>(pending + row * d, lane + 32 * i, pv);
       Packed<T, V> pack;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const S g = weight ? gv[i][k] * wv[k] : gv[i][k];
-        pack.v[k] = cast_to<T>(rs * (g - a - xhat[i][k] * b) + (pending ? pv[k] : S(0)));
-        dw[i][k] += gv[i][k] * xhat[i][k];
-        db[i][k] += gv[i][k];
+        const S xhat = (value(xv[i].v[k]) - mu) * rs;
+        const S g = weight ? value(gv[i].v[k]) * wv[k] : value(gv[i].v[k]);
+        pack.v[k] = cast_to<T>(rs * (g - a - xhat * b) + (pending ? value(pv[i].v[k]) : S(0)));
+        dw[k] = value(gv[i].v[k]) * xhat;
+        db[k] = value(gv[i].v[k]);
       }
       reinterpret_cast<Packed<T, V>*>(grad_x + row * d)[lane + 32 * i] = pack;
+      if (sums) {  // each lane owns its columns: no races, and a fixed order
+        Slice::accumulate(sums, i, lane, dw);
+        Slice::accumulate(sums + kSlice, i, lane, db);
+      }
     }
   }
-  if (!columns) return;
-  extern __shared__ unsigned char shared_raw[];
-  S* shared = reinterpret_cast<S*>(shared_raw);  // (warps, 2, D)
-  S* my_dw = shared + static_cast<int64_t>(threadIdx.y) * 2 * d;
-#pragma unroll
-  for (int i = 0; i < kItems; ++i) {
-    if (!owned(i)) continue;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      my_dw[(lane + 32 * i) * V + k] = dw[i][k];
-      my_dw[d + (lane + 32 * i) * V + k] = db[i][k];
-    }
-  }
-  __syncthreads();
-  store_block_partials(shared, d, partial_dw, partial_db);
 }
 
+// Short-row backward blocks resident per SM: 128 registers per thread (no spills in 16 bits at
+// three vectors per lane) and up to 48 KiB of sums per block.
+constexpr int kShortRowBlocksPerSm = 2;
+
+// Short rows with their column sums: each warp's sums in its slice of shared (warps, 2, 32 * V *
+// kItems), then the block adds its warps' slices in warp order into row blockIdx.x of partial_dw
+// and partial_db (gridDim.x, D). Without partial_dw, dx alone.
 template <typename T, int V, int kItems>
-__global__ void __launch_bounds__(kMaxBackwardWarps * 32, 2)  // two blocks (16 warps) per SM hide latency
-    layer_norm_backward_rows_in_registers(const T* __restrict__ grad_out, const T* __restrict__ x,
-                                          const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
-                                          const stat_t<acc_t<T>>* __restrict__ rstd, const T* __restrict__ pending,
-                                          T* __restrict__ grad_x, stat_t<acc_t<T>>* __restrict__ partial_dw,
-                                          stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d) {
-  backward_rows_in_registers<T, V, kItems>(grad_out, x, weight, mean, rstd, pending, grad_x, partial_dw, partial_db,
-                                           rows, d, blockIdx.x, gridDim.x);
+__global__ void __launch_bounds__(kMaxBackwardWarps * 32, kShortRowBlocksPerSm)
+    layer_norm_backward_short_rows(const T* __restrict__ grad_out, const T* __restrict__ x,
+                                   const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
+                                   const stat_t<acc_t<T>>* __restrict__ rstd, const T* __restrict__ pending,
+                                   T* __restrict__ grad_x, stat_t<acc_t<T>>* __restrict__ partial_dw,
+                                   stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d) {
+  using S = stat_t<acc_t<T>>;
+  constexpr int64_t kSlice = 32 * V * kItems;
+  extern __shared__ unsigned char shared_raw[];
+  S* shared = reinterpret_cast<S*>(shared_raw);  // (warps, 2, kSlice) when partial_dw is set
+  S* sums = partial_dw ? shared + static_cast<int64_t>(threadIdx.y) * 2 * kSlice : nullptr;
+  backward_short_rows<T, V, kItems>(grad_out, x, weight, mean, rstd, pending, grad_x, sums, rows, d, blockIdx.x,
+                                    gridDim.x);
+  if (!partial_dw) return;
+  __syncthreads();
+  const int warps = blockDim.y;
+  for (int64_t c = threadIdx.y * 32 + threadIdx.x; c < d; c += static_cast<int64_t>(warps) * 32) {
+    const int64_t o = SumSlice<S, V>::offset(c);
+    S dw = 0, db = 0;
+    for (int w = 0; w < warps; ++w) {
+      dw += shared[static_cast<int64_t>(w) * 2 * kSlice + o];
+      db += shared[static_cast<int64_t>(w) * 2 * kSlice + kSlice + o];
+    }
+    partial_dw[static_cast<int64_t>(blockIdx.x) * d + c] = dw;
+    partial_db[static_cast<int64_t>(blockIdx.x) * d + c] = db;
+  }
 }
 
 // Few rows (at most kFewRows), in one launch of (32, warps) blocks: the first row_blocks compute
@@ -332,8 +384,8 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32)
                                  int64_t rows, int64_t d, unsigned row_blocks) {
   using S = stat_t<acc_t<T>>;
   if (blockIdx.x < row_blocks) {
-    backward_rows_in_registers<T, V, kItems>(grad_out, x, weight, mean, rstd, pending, grad_x, nullptr, nullptr, rows,
-                                             d, blockIdx.x, row_blocks);
+    backward_short_rows<T, V, kItems>(grad_out, x, weight, mean, rstd, pending, grad_x, nullptr, rows, d, blockIdx.x,
+                                      row_blocks);
     return;
   }
   __shared__ S sums[2][kMaxBackwardWarps][32];  // (weight/bias, warp, column)
@@ -393,9 +445,9 @@ __global__ void layer_norm_column_partials(const T* __restrict__ grad_out, const
 }
 
 // grad_weight (D,) = the sum of partial_dw's rows (parts, D), and grad_bias from partial_db the
-// same way, in row order per column; blockIdx.y picks which (one launch for both), a null output
-// is skipped. Block (32, 16): 32 columns, 16 threads striding over the rows, combined in a fixed
-// order.
+// same way; blockIdx.y picks which (one launch for both), a null output is skipped. Block (32, 32):
+// 32 columns, 32 threads each adding every 32nd row in row order (unrolled, so that several loads
+// are in flight: the sums are bound by load latency), then combined in thread order. A fixed order.
 constexpr int kReduceRows = 16;
 template <typename T>
 __global__ void layer_norm_reduce_partials(const stat_t<acc_t<T>>* __restrict__ partial_dw,
@@ -410,6 +462,7 @@ __global__ void layer_norm_reduce_partials(const stat_t<acc_t<T>>* __restrict__ 
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   S sum = 0;
   if (c < d) {
+#pragma unroll 8
     for (int64_t p = threadIdx.y; p < parts; p += kReduceRows) sum += partial[p * d + c];
   }
   shared[threadIdx.y][threadIdx.x] = sum;
@@ -487,14 +540,14 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   const T* pp = pending.defined() ? device_ptr<const T>(pending) : nullptr;  // (rows, D)
   T* pdx = device_ptr<T>(grad_x);                                          // (rows, D)
   const bool columns = grad_weight.defined() || grad_bias.defined();
-
-  // Warps per block: as many as the shared slices (2 * D values each) allow, up to 8.
-  const size_t slice = 2 * static_cast<size_t>(d) * sizeof(S);
-  int warps = kMaxBackwardWarps;
-  while (columns && warps > 1 && warps * slice > kSharedBudget) warps /= 2;
-  const bool in_shared = columns && warps * slice <= kSharedBudget;
-  const int64_t wanted = (rows + warps - 1) / warps;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(wanted, 4LL * multiprocessors(device)));
+  // grad_weight and grad_bias from the blocks' partial column sums (parts, D).
+  auto reduce_partials = [&](const S* pdw, const S* pdb, int64_t parts) {
+    const dim3 reduce_grid(static_cast<unsigned>((d + 31) / 32), 2);  // y: weight, bias
+    layer_norm_reduce_partials<T><<<reduce_grid, dim3(32, kReduceRows), 0, stream>>>(
+        pdw, pdb, grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr,
+        grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr, parts, d);
+    check_launch("layer_norm_backward (partial sums)");
+  };
 
   constexpr int V = 16 / sizeof(T);
   const bool vectorised = d % V == 0 && aligned16(pg) && aligned16(px) && aligned16(pdx) && (!pw || aligned16(pw)) &&
@@ -514,6 +567,40 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
     return;
   }
 
+  // Short rows: one kernel for dx and each block's partial column sums, with as many blocks as
+  // fit on the GPU at once (each warp then takes several rows, and there are fewer partial rows).
+  if (vectorised && d <= 3 * per_item) {  // up to 768 in 16 bits
+    const int items = d <= per_item ? 1 : d <= 2 * per_item ? 2 : 3;
+    auto kernel = items == 1   ? layer_norm_backward_short_rows<T, V, 1>
+                  : items == 2 ? layer_norm_backward_short_rows<T, V, 2>
+                               : layer_norm_backward_short_rows<T, V, 3>;
+    const dim3 block(32, kMaxBackwardWarps);
+    const size_t shared = columns ? kMaxBackwardWarps * 2 * static_cast<size_t>(32 * V * items) * sizeof(S) : 0;
+    const int64_t wanted = (rows + kMaxBackwardWarps - 1) / kMaxBackwardWarps;
+    const unsigned grid = static_cast<unsigned>(
+        std::min<int64_t>(wanted, static_cast<int64_t>(kShortRowBlocksPerSm) * multiprocessors(device)));
+    Tensor partial_dw, partial_db;  // (grid, D) f32 (f64 for f64)
+    if (columns) {
+      TensorOptions o(mean.dtype(), x.device());
+      partial_dw = empty({static_cast<int64_t>(grid), d}, o);
+      partial_db = empty({static_cast<int64_t>(grid), d}, o);
+    }
+    S* pdw = columns ? device_ptr<S>(partial_dw) : nullptr;
+    S* pdb = columns ? device_ptr<S>(partial_db) : nullptr;
+    kernel<<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, pdw, pdb, rows, d);
+    check_launch("layer_norm_backward");
+    if (columns) reduce_partials(pdw, pdb, grid);
+    return;
+  }
+
+  // Longer rows, or rows not in 16-byte vectors: one warp per row, the column sums in each warp's
+  // shared slice (2 * D values) where up to 8 warps' slices fit, else in a second pass.
+  const size_t slice = 2 * static_cast<size_t>(d) * sizeof(S);
+  int warps = kMaxBackwardWarps;
+  while (columns && warps > 1 && warps * slice > kSharedBudget) warps /= 2;
+  const bool in_shared = columns && warps * slice <= kSharedBudget;
+  const int64_t wanted = (rows + warps - 1) / warps;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(wanted, 4LL * multiprocessors(device)));
   Tensor partial_dw, partial_db;  // (parts, D) f32 (f64 for f64)
   int64_t parts = 0;
   if (columns) {
@@ -529,12 +616,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   const size_t shared = in_shared ? warps * slice : 0;
   S* shared_dw = in_shared ? pdw : nullptr;
   S* shared_db = in_shared ? pdb : nullptr;
-  if (vectorised && (!columns || in_shared) && d <= 3 * per_item) {  // up to 768 in 16 bits (4 would spill)
-    auto kernel = d <= per_item       ? layer_norm_backward_rows_in_registers<T, V, 1>
-                  : d <= 2 * per_item ? layer_norm_backward_rows_in_registers<T, V, 2>
-                                      : layer_norm_backward_rows_in_registers<T, V, 3>;
-    kernel<<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, shared_dw, shared_db, rows, d);
-  } else if (vectorised) {
+  if (vectorised) {
     layer_norm_backward_rows<T, V>
         <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, shared_dw, shared_db, rows, d);
   } else {
@@ -550,11 +632,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
         <<<column_grid, dim3(32, kColumnRows), 0, stream>>>(pg, px, pm, pr, pdw, pdb, rows, d, per_chunk);
     check_launch("layer_norm_backward (column sums)");
   }
-  const dim3 reduce_grid(static_cast<unsigned>((d + 31) / 32), 2);  // y: weight, bias
-  layer_norm_reduce_partials<T><<<reduce_grid, dim3(32, kReduceRows), 0, stream>>>(
-      pdw, pdb, grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr,
-      grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr, parts, d);
-  check_launch("layer_norm_backward (partial sums)");
+  reduce_partials(pdw, pdb, parts);
 }
 }  // namespace
 

@@ -1,8 +1,8 @@
 // The fused CUDA layer norm against the CPU's, forward and all three gradients, on fresh random
 // inputs: GPT-2's width (the vectorised, register-resident path), an odd width (the scalar
 // path), a width past the shared-memory budget of the backward (the column-sum path), at most
-// 128 rows (the backward's one-launch path for few rows) and just past that, and the optional
-// weight and bias left out.
+// 128 rows (the backward's one-launch path for few rows) and just past that, thousands of rows
+// (several per warp in the short-row backward), and the optional weight and bias left out.
 #include "support/test_util.h"
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/kernels.h"
@@ -86,10 +86,16 @@ TEST(LayerNormParity, MatchesCpu) {
     check_case({dtype, 129, 768, true, true, true});   // one more: partial rows, then their sum
     check_case({dtype, 100, 384, true, false, true});  // few rows in f32 too (384 fits its registers)
     check_case({dtype, 128, 256, false, true});
+    // Many rows: every warp of the short-row backward takes several rows, and the blocks' partial
+    // sums are added by the second kernel. One, two and three 16-byte vectors per lane.
+    check_case({dtype, 6000, 768, true, true, true});
+    check_case({dtype, 4500, 512, true, false});
+    check_case({dtype, 3001, 200, false, true, true});
   }
   check_case({DType::f16, 64, 768, true, true});
   check_case({DType::f16, 64, 768, true, true, true});
   check_case({DType::f16, 128, 768, true, false, true});
+  check_case({DType::f16, 5000, 768, true, true, true});
   cuda::synchronize();
   cuda::set_poison_allocations(false);
 }
