@@ -72,6 +72,9 @@ struct Config {
   // only under mpirun, with its default checks.
   std::string dist_checks;
   bool cuda_graph = false;  // capture the step once as a CUDA graph after warm-up and replay it
+  // Time the candidate algorithms of every matrix product and convolution at their first use and
+  // keep the fastest (cuda::set_matmul_autotune, cuda::set_cudnn_benchmark).
+  bool autotune = false;
   // Deterministic mode (tandem::use_deterministic_algorithms) for the whole run, and a hash of the
   // final parameters printed and written to the JSON, to compare two runs bit for bit.
   bool deterministic = false;
@@ -87,6 +90,10 @@ int run_benchmark(const Config& cfg) {
   // Off also means the MPI group posts collectives without exchanging their fingerprints first.
   if (cfg.dist_checks == "off") setenv("TANDEM_DIST_DEBUG", "off", 0);
   if (cfg.deterministic) use_deterministic_algorithms(true);
+  if (cfg.autotune) {
+    cuda::set_matmul_autotune(true);
+    cuda::set_cudnn_benchmark(true);
+  }
   const dist::World& world = dist::init();
   const bool lead = world.rank == 0;
   const Device device = cfg.device == "cuda" && world.device.is_cuda() ? world.device : Device(cfg.device);
@@ -374,6 +381,7 @@ int run_benchmark(const Config& cfg) {
       {"optimizer_state_bytes_per_rank", state_per_rank},
       {"peak_memory_bytes_per_rank", peaks},
       {"deterministic", are_deterministic_algorithms_enabled()},
+      {"autotune", cfg.autotune},
       {"params_hash", are_deterministic_algorithms_enabled() ? nlohmann::ordered_json(params_hash) : nullptr},
   };
 
@@ -454,6 +462,10 @@ int main(int argc, char** argv) {
   app.add_flag("--cuda-graph", cfg.cuda_graph,
                "capture the whole step (forward, backward, DDP's collectives, optimizer, loss scaling) as one CUDA "
                "graph after 3 eager steps and replay it (GPU only)");
+  app.add_flag("--autotune", cfg.autotune,
+               "GPU: time the candidate algorithms of each matrix product (cuBLASLt) and convolution (cuDNN) at "
+               "first use and keep the fastest, like PyTorch's TunableOp and cudnn.benchmark (ignored with "
+               "--deterministic)");
   app.add_flag("--deterministic", cfg.deterministic,
                "deterministic mode (same bits run to run); prints and writes a hash of the final parameters");
   CLI11_PARSE(app, argc, argv);

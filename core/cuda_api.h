@@ -108,6 +108,15 @@ enum class MatmulPrecision { highest, high };
 void set_matmul_precision(MatmulPrecision precision);
 MatmulPrecision matmul_precision();
 
+// Matrix products (matmul and the linear layer's fused products): time up to 8 of cuBLASLt's
+// heuristic algorithms once per problem and keep the fastest (like PyTorch's TunableOp), instead
+// of the heuristic's first. Off by default. Ignored in deterministic mode (the first, so that
+// runs give the same bits) and during graph capture (a problem first met there keeps the first).
+// The choice is timed, so two processes may choose differently; a problem already met keeps its
+// choice when this changes. TANDEM_MATMUL_LOG=1 prints each timed choice on stderr.
+void set_matmul_autotune(bool enabled);
+bool matmul_autotune();
+
 // Which kernels run bf16/f16 attention on CUDA: `automatic` takes cuDNN's fused flash attention
 // where tandem was built with cuDNN's frontend and tandem's own flash kernels elsewhere; `flash`
 // and `cudnn` force one (cudnn raises a DeviceError in a build without the frontend). The

@@ -35,6 +35,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -332,6 +333,9 @@ def main():
     parser.add_argument("--autocast", action="store_true",
                         help="bf16/fp16 as PyTorch usually does it: f32 parameters, forward under torch.autocast")
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb (under torchrun)")
+    parser.add_argument("--autotune", action="store_true",
+                        help="GPU: torch.backends.cudnn.benchmark and TunableOp (torch.cuda.tunable) for the matrix "
+                             "products, as train_step --autotune does for tandem")
     args = parser.parse_args()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -347,6 +351,11 @@ def main():
     on_gpu = device.type == "cuda"
     torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
     torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
+    if args.autotune and on_gpu:
+        torch.backends.cudnn.benchmark = True
+        torch.cuda.tunable.enable(True)
+        # TunableOp keeps its results in a CSV file: one per run, out of the working directory.
+        torch.cuda.tunable.set_filename(os.path.join(tempfile.mkdtemp(prefix="tunableop-"), "results%d.csv"))
     half = args.precision in ("bf16", "fp16")
     model_dtype = DTYPES[args.precision] if half and not args.autocast else torch.float32
     autocast_dtype = DTYPES[args.precision] if half and args.autocast else None
@@ -430,7 +439,7 @@ def main():
     samples_per_s = batch / (med / 1e3)  # gpt2: sequences per second
     tokens = spec.tokens_per_sample()
     compiled = "" if not args.compile else "-compile" if args.compile_mode == "default" else "-compile-" + args.compile_mode
-    framework = "pytorch" + compiled + ("-autocast" if autocast_dtype else "")
+    framework = "pytorch" + compiled + ("-autocast" if autocast_dtype else "") + ("-autotune" if args.autotune else "")
     result = {
         "framework": framework,
         "workload": args.workload,
@@ -448,6 +457,7 @@ def main():
         "loss_first": loss_values[0],  # before any update
         "loss_last": loss_values[-1],
         "ddp": {"world_size": world_size, "bucket_mb": args.bucket_mb} if world_size > 1 else None,
+        "autotune": args.autotune,
     }
 
     unit = "tokens" if tokens > 1 else "samples"

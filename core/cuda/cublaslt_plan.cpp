@@ -1,9 +1,62 @@
 #include "tandem/core/cuda/cublaslt_plan.h"
 
-namespace tandem::cuda::lt {
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "tandem/core/determinism.h"
+
+namespace tandem::cuda {
+
+namespace {
+bool autotune = false;
+
+bool log_choices() {
+  static const bool log = [] {
+    const char* v = std::getenv("TANDEM_MATMUL_LOG");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return log;
+}
+}  // namespace
+
+void set_matmul_autotune(bool enabled) { autotune = enabled; }
+bool matmul_autotune() { return autotune; }
+
+namespace lt {
+
+namespace {
+bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TANDEM_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Milliseconds per run of `algo` (the mean of kRuns after one untimed run), or a negative value
+// when cuBLASLt refuses to run it.
+double time_algorithm(const Launch& launch, const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
+  constexpr int kRuns = 5;
+  if (launch(algo) != CUBLAS_STATUS_SUCCESS) return -1;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&start));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
+  TANDEM_CUDA_CHECK(cudaEventRecord(start, stream));
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  for (int r = 0; r < kRuns && status == CUBLAS_STATUS_SUCCESS; ++r) status = launch(algo);
+  TANDEM_CUDA_CHECK(cudaEventRecord(stop, stream));
+  TANDEM_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return status == CUBLAS_STATUS_SUCCESS ? ms / kRuns : -1;
+}
+}  // namespace
 
 Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
-                          const Alignments& alignments) {
+                          const Alignments& alignments, const Launch& launch, const std::string& what) {
+  const cudaStream_t stream = current_stream(device);
+  const bool tune = autotune && !are_deterministic_algorithms_enabled() && !stream_capturing(stream);
   cublasLtMatmulPreference_t pref = nullptr;
   TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   size_t workspace = kWorkspaceBytes;
@@ -14,15 +67,38 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d);
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kTunedCandidates] = {};
   int found = 0;
   Heuristic h;
-  h.status = cublasLtMatmulAlgoGetHeuristic(handle(device), desc.get(), a.get(), b.get(), d.get(), d.get(), pref, 1,
-                                            &result, &found);
+  h.status = cublasLtMatmulAlgoGetHeuristic(handle(device), desc.get(), a.get(), b.get(), d.get(), d.get(), pref,
+                                            tune ? kTunedCandidates : 1, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   h.found = h.status == CUBLAS_STATUS_SUCCESS && found > 0;
-  h.algo = result.algo;
+  if (!h.found) return h;
+  h.algo = results[0].algo;
+  if (!tune || found == 1) return h;
+  // A later candidate replaces the best so far only when it is at least 2% faster: near ties keep
+  // the heuristic's order, so that timing noise changes the choice less often.
+  int best = -1;
+  double best_ms = 0;
+  std::string times;
+  for (int i = 0; i < found; ++i) {
+    const double ms = time_algorithm(launch, results[i].algo, stream);
+    times += detail::concat(i == 0 ? "" : ", ", ms < 0 ? std::string("refused") : detail::concat(ms * 1e3, " us"));
+    if (ms >= 0 && (best < 0 || ms < 0.98 * best_ms)) {
+      best = i;
+      best_ms = ms;
+    }
+  }
+  if (best < 0) {  // none ran: the first, whose own call reports why
+    return h;
+  }
+  h.algo = results[best].algo;
+  if (log_choices()) {
+    std::fprintf(stderr, "[tandem matmul] %s: heuristic #%d of %d (%s)\n", what.c_str(), best, found, times.c_str());
+  }
   return h;
 }
 
-}  // namespace tandem::cuda::lt
+}  // namespace lt
+}  // namespace tandem::cuda

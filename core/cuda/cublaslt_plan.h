@@ -1,10 +1,12 @@
 #pragma once
 // cuBLASLt's algorithm choice, shared by matmul.cpp and linear.cpp: one heuristic query (cuBLASLt's
-// first result, limited by the workspace and the operands' alignments) and a cache of its answers
-// per problem, so each shape, layout and alignment is asked about once.
+// first result, limited by the workspace and the operands' alignments; with set_matmul_autotune,
+// the fastest of its first kTunedCandidates, timed on the problem's own operands) and a cache of
+// its answers per problem, so each shape, layout and alignment is asked about once.
 #include <functional>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "tandem/core/cuda/cublaslt.h"
 
@@ -22,10 +24,18 @@ struct Heuristic {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// cuBLASLt's first algorithm for D = op(A) @ op(B) (C = D in place) as desc and the layouts
-// describe, with kWorkspaceBytes of workspace.
+// Runs the problem once with the given algorithm on the current stream (beta 0, so running it
+// again writes the same outputs).
+using Launch = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>;
+
+constexpr int kTunedCandidates = 8;
+
+// The algorithm for D = op(A) @ op(B) (C = D in place) as desc and the layouts describe, with
+// kWorkspaceBytes of workspace: cuBLASLt's first, or under set_matmul_autotune (outside
+// deterministic mode and graph capture) the fastest of its first kTunedCandidates, each run
+// through `launch`. `what` names the problem in TANDEM_MATMUL_LOG's lines.
 Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
-                          const Alignments& alignments);
+                          const Alignments& alignments, const Launch& launch, const std::string& what);
 
 // Heuristic answers per problem key; thread-safe.
 template <typename Key>

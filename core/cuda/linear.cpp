@@ -14,8 +14,9 @@
 //   also sums d_pre into the bias gradient of the layer that made pre, made GPT-2's bf16 step 6%
 //   slower on an H200: that bias gradient comes from the layer's own weight-gradient matmul
 //   (BGRADB) instead.
-// Algorithms come from the heuristic and are cached per problem; a problem without an algorithm
-// is reported (false) so the caller composes plain kernels instead.
+// Algorithms come from the heuristic (or are timed: cuda::set_matmul_autotune) and are cached per
+// problem; a problem without an algorithm is reported (false) so the caller composes plain kernels
+// instead.
 #include <tuple>
 
 #include "tandem/core/backend.h"
@@ -94,20 +95,24 @@ bool run(const Problem& p) {
               align_d,
               align_bias,
               align_aux};
-  // No algorithm (an epilogue this library version cannot fuse for the problem) is not an error:
-  // the caller composes plain kernels, whose own calls report any real failure.
-  const Heuristic h = plans().find(key, [&] {
-    return query_heuristic(device, desc, layout_a, layout_b, layout_d, {align_a, align_b, align_d});
-  });
-  if (!h.found) return false;
-  const cublasLtMatmulAlgo_t algo = h.algo;
   NvtxRange range("linear");
   DeviceGuard guard(device);
   Tensor workspace = empty({static_cast<int64_t>(kWorkspaceBytes)}, TensorOptions(DType::u8, p.device));
   const float alpha = 1.0f, beta = 0.0f;
-  cublasStatus_t status = cublasLtMatmul(handle(device), desc.get(), &alpha, p.a, layout_a.get(), p.b, layout_b.get(),
-                                         &beta, p.d, layout_d.get(), p.d, layout_d.get(), &algo, workspace.data_ptr(),
-                                         kWorkspaceBytes, current_stream(device));
+  auto launch = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle(device), desc.get(), &alpha, p.a, layout_a.get(), p.b, layout_b.get(), &beta, p.d,
+                          layout_d.get(), p.d, layout_d.get(), &algo, workspace.data_ptr(), kWorkspaceBytes,
+                          current_stream(device));
+  };
+  // No algorithm (an epilogue this library version cannot fuse for the problem) is not an error:
+  // the caller composes plain kernels, whose own calls report any real failure.
+  const Heuristic h = plans().find(key, [&] {
+    return query_heuristic(device, desc, layout_a, layout_b, layout_d, {align_a, align_b, align_d}, launch,
+                           detail::concat("linear ", dtype_name(p.dtype), " D (", p.rows, ", ", p.cols, "), k ", p.k,
+                                          ", epilogue ", static_cast<int>(p.epilogue)));
+  });
+  if (!h.found) return false;
+  cublasStatus_t status = launch(h.algo);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused before launching: remember, and compose instead
     plans().mark_unusable(key);
     return false;

@@ -3,7 +3,7 @@
 // So C = A @ B is computed as C^T = B^T @ A^T with the operands swapped, each passed as stored
 // (transposed views become a transpose op, not a copy). f16/bf16 accumulate in f32; f32 uses
 // TF32 tensor cores only under MatmulPrecision::high. Algorithms come from cuBLASLt's heuristic
-// and are cached per shape, layout and alignment.
+// (or are timed: set_matmul_autotune) and are cached per shape, layout and alignment.
 #include <tuple>
 
 #include "tandem/core/backend.h"
@@ -70,22 +70,26 @@ void matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   PlanKey key{device, static_cast<int>(a.dtype()), static_cast<int>(t.compute), batch, m, n, k, la.ld, lb.ld,
               la.batch_stride, lb.batch_stride, 0, la.transpose, lb.transpose, align_a, align_b, align_c};
   static PlanCache<PlanKey> plans;
-  // cuBLASLt's A is our B.
-  const Heuristic h = plans.find(key, [&] {
-    return query_heuristic(device, desc, layout_b, layout_a, layout_c, {align_b, align_a, align_c});
-  });
-  TANDEM_CUBLAS_CHECK(h.status);
-  TANDEM_CHECK_AS(BackendError, h.found, "matmul: cuBLASLt has no algorithm for ", batch, " x (", m, ", ", k, ") @ (", k,
-                  ", ", n, ") in ", a.dtype());
-  const cublasLtMatmulAlgo_t algo = h.algo;
   Tensor workspace = empty({static_cast<int64_t>(kWorkspaceBytes)}, TensorOptions(DType::u8, out.device()));
   float alpha_f = 1.0f, beta_f = 0.0f;
   double alpha_d = 1.0, beta_d = 0.0;
   const void* alpha = t.scale == CUDA_R_64F ? static_cast<const void*>(&alpha_d) : &alpha_f;
   const void* beta = t.scale == CUDA_R_64F ? static_cast<const void*>(&beta_d) : &beta_f;
-  TANDEM_CUBLAS_CHECK(cublasLtMatmul(handle(device), desc.get(), alpha, b.data_ptr(), layout_b.get(), a.data_ptr(),
-                                     layout_a.get(), beta, out.data_ptr(), layout_c.get(), out.data_ptr(),
-                                     layout_c.get(), &algo, workspace.data_ptr(), kWorkspaceBytes, stream));
+  auto launch = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle(device), desc.get(), alpha, b.data_ptr(), layout_b.get(), a.data_ptr(),
+                          layout_a.get(), beta, out.data_ptr(), layout_c.get(), out.data_ptr(), layout_c.get(), &algo,
+                          workspace.data_ptr(), kWorkspaceBytes, stream);
+  };
+  // cuBLASLt's A is our B.
+  const Heuristic h = plans.find(key, [&] {
+    return query_heuristic(device, desc, layout_b, layout_a, layout_c, {align_b, align_a, align_c}, launch,
+                           detail::concat("matmul ", dtype_name(a.dtype()), " ", batch, " x (", m, ", ", k, ") @ (", k,
+                                          ", ", n, ")"));
+  });
+  TANDEM_CUBLAS_CHECK(h.status);
+  TANDEM_CHECK_AS(BackendError, h.found, "matmul: cuBLASLt has no algorithm for ", batch, " x (", m, ", ", k, ") @ (", k,
+                  ", ", n, ") in ", a.dtype());
+  TANDEM_CUBLAS_CHECK(launch(h.algo));
 }
 
 }  // namespace tandem::cuda
