@@ -148,16 +148,18 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
   }
 }
 
-// The block's column sums: the warps' slices of shared (warps, 2, D) added in warp order into
-// row blockIdx.x of partial_dw and partial_db (gridDim.x, D).
-template <typename S>
-__device__ void store_block_partials(const S* shared, int64_t d, S* partial_dw, S* partial_db) {
+// The block's column sums: the warps' slices of shared (warps, 2, slice), column c of each half at
+// offset(c), added in warp order into row blockIdx.x of partial_dw and partial_db (gridDim.x, D).
+template <typename S, typename Offset>
+__device__ void store_block_partials(const S* shared, int64_t slice, Offset offset, int64_t d, S* partial_dw,
+                                     S* partial_db) {
   const int warps = blockDim.y;
   for (int64_t c = threadIdx.y * 32 + threadIdx.x; c < d; c += static_cast<int64_t>(warps) * 32) {
+    const int64_t o = offset(c);
     S dw = 0, db = 0;
     for (int w = 0; w < warps; ++w) {
-      dw += shared[static_cast<int64_t>(w) * 2 * d + c];
-      db += shared[static_cast<int64_t>(w) * 2 * d + d + c];
+      dw += shared[static_cast<int64_t>(w) * 2 * slice + o];
+      db += shared[static_cast<int64_t>(w) * 2 * slice + slice + o];
     }
     partial_dw[static_cast<int64_t>(blockIdx.x) * d + c] = dw;
     partial_db[static_cast<int64_t>(blockIdx.x) * d + c] = db;
@@ -230,7 +232,7 @@ __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T
   }
   if (!columns) return;
   __syncthreads();
-  store_block_partials(shared, d, partial_dw, partial_db);
+  store_block_partials(shared, d, [](int64_t c) { return c; }, d, partial_dw, partial_db);
 }
 
 // Where column c of a row lies in a warp's slice of column sums in shared memory, for rows whose
@@ -355,17 +357,8 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32, kShortRowBlocksPerSm)
                                     gridDim.x);
   if (!partial_dw) return;
   __syncthreads();
-  const int warps = blockDim.y;
-  for (int64_t c = threadIdx.y * 32 + threadIdx.x; c < d; c += static_cast<int64_t>(warps) * 32) {
-    const int64_t o = SumSlice<S, V>::offset(c);
-    S dw = 0, db = 0;
-    for (int w = 0; w < warps; ++w) {
-      dw += shared[static_cast<int64_t>(w) * 2 * kSlice + o];
-      db += shared[static_cast<int64_t>(w) * 2 * kSlice + kSlice + o];
-    }
-    partial_dw[static_cast<int64_t>(blockIdx.x) * d + c] = dw;
-    partial_db[static_cast<int64_t>(blockIdx.x) * d + c] = db;
-  }
+  store_block_partials(shared, kSlice, [](int64_t c) { return SumSlice<S, V>::offset(c); }, d, partial_dw,
+                       partial_db);
 }
 
 // Few rows (at most kFewRows), in one launch of (32, warps) blocks: the first row_blocks compute
