@@ -3,9 +3,9 @@
 // the pointers allow), so it reads x once and writes out once. The backward computes dx per row
 // (a short row's dy, x and pending held in registers) and sums dy * xhat and dy per column into
 // each warp's own shared-memory slice; a block adds its warps' sums in order into one f32 partial
-// row, and a second kernel adds the blocks' partial rows in order. Up to 128 rows one launch does it all:
-// blocks beside the rows' sum whole columns. No atomics: the weight and bias gradients are the
-// same bits on every run.
+// row, and a second kernel adds the blocks' partial rows in order. Up to 128 rows one launch does
+// it all: blocks beside the rows' sum whole columns. No atomics: the weight and bias gradients are
+// the same bits on every run.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -438,8 +438,8 @@ __global__ void layer_norm_column_partials(const T* __restrict__ grad_out, const
 }
 
 // grad_weight (D,) = the sum of partial_dw's rows (parts, D), and grad_bias from partial_db the
-// same way; blockIdx.y picks which (one launch for both), a null output is skipped. Block (32, 32):
-// 32 columns, 32 threads each adding every 32nd row in row order (unrolled, so that several loads
+// same way; blockIdx.y picks which (one launch for both), a null output is skipped. Block (32, 16):
+// 32 columns, 16 threads each adding every 16th row in row order (unrolled, so that several loads
 // are in flight: the sums are bound by load latency), then combined in thread order. A fixed order.
 constexpr int kReduceRows = 16;
 template <typename T>
@@ -568,6 +568,8 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
                   : items == 2 ? layer_norm_backward_short_rows<T, V, 2>
                                : layer_norm_backward_short_rows<T, V, 3>;
     const dim3 block(32, kMaxBackwardWarps);
+    static_assert(kMaxBackwardWarps * 2 * 32 * V * 3 * sizeof(S) <= kSharedBudget,
+                  "the short-row backward's sums fit in shared memory without opting in");
     const size_t shared = columns ? kMaxBackwardWarps * 2 * static_cast<size_t>(32 * V * items) * sizeof(S) : 0;
     const int64_t wanted = (rows + kMaxBackwardWarps - 1) / kMaxBackwardWarps;
     const unsigned grid = static_cast<unsigned>(
