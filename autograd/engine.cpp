@@ -14,6 +14,8 @@ namespace tandem::autograd {
 namespace {
 // Callbacks queued during the backward running on this thread; null outside a backward.
 thread_local std::vector<std::function<void()>>* pending_callbacks = nullptr;
+// Whether the backward running on this thread releases nodes as they finish.
+thread_local bool releasing_saved = false;
 
 struct LaterFirst {
   bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
@@ -80,8 +82,13 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
   pending_callbacks = &callbacks;
   struct Restore {
     std::vector<std::function<void()>>* outer;
-    ~Restore() { pending_callbacks = outer; }
-  } restore{outer_callbacks};
+    bool outer_releasing;
+    ~Restore() {
+      pending_callbacks = outer;
+      releasing_saved = outer_releasing;
+    }
+  } restore{outer_callbacks, releasing_saved};
+  releasing_saved = !retain_graph;
   std::shared_ptr<Node> root_node = gradient_edge(root);
   std::unordered_map<Node*, int> deps = count_dependencies(root_node);
   std::unordered_map<Node*, Tensor> buffers{{root_node.get(), gradient.detach()}};
@@ -138,6 +145,8 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
     fn();
   }
 }
+
+bool backward_releases_saved() { return releasing_saved; }
 
 void queue_callback(std::function<void()> fn) {
   TANDEM_CHECK(pending_callbacks != nullptr, "queue_callback: no backward pass is running on this thread");

@@ -119,6 +119,11 @@ bool sole_owner(const Tensor& t, MemoryFormat format = MemoryFormat::contiguous)
 // Runs backward from `root` with d(root)/d(root) = `gradient`.
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
 
+// Whether the backward running on this thread releases each node's saved tensors once the node
+// has run (retain_graph off): then a node's backward may hand out, or write into, a buffer it
+// saved, since no later backward through the node can read it. False outside a backward.
+bool backward_releases_saved();
+
 // Queues fn to run once the backward pass in progress (on this thread) has finished: what DDP
 // uses to wait for its last buckets. Only valid from inside a backward (e.g. from a hook).
 void queue_callback(std::function<void()> fn);

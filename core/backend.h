@@ -37,6 +37,14 @@ namespace tandem {
   void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,        \
                               const Tensor& row_grad, const Tensor& out, int64_t ignore_index,      \
                               double smoothing);                                                    \
+  /* the forward's losses and, for an upstream gradient of 1, grad (N, C) = (softmax - y) / count  \
+     (count a 0-dim tensor of losses' dtype, or undefined for 1); grad is contiguous like logits */ \
+  void cross_entropy_with_grad(const Tensor& logits, const Tensor& target, const Tensor& count,     \
+                               const Tensor& losses, const Tensor& grad, int64_t ignore_index,      \
+                               double smoothing);                                                   \
+  /* out = g * x for a 0-dim g, which stays on the device: where g is 1 and out is x, nothing is    \
+     written; x and out contiguous, one shape and floating dtype; g of x's statistics dtype */     \
+  void scale_unless_one(const Tensor& x, const Tensor& g, const Tensor& out);                       \
   /* a (B, M, K), b (B, K, N) with any strides (batch stride 0 when broadcast); out (B, M, N) */   \
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out);                                 \
   /* x, out (outer, n, inner) contiguous; index (k,) i64 contiguous; out (outer, k, inner) */     \

@@ -139,5 +139,18 @@ void mul_(const Tensor& dst, double value) {
   copy_(dst, scaled);
 }
 
+Tensor scale_unless_one(const Tensor& x, const Tensor& g, bool in_place) {
+  check_floating("scale_unless_one", x);
+  check_same_device("scale_unless_one", x, g);
+  const DType stat = is_half(x.dtype()) ? DType::f32 : x.dtype();
+  TANDEM_CHECK_AS(ValueError, g.dim() == 0 && g.dtype() == stat, "scale_unless_one: g must be a 0-dim ", stat,
+                  " tensor for ", x.dtype(), " x, got shape ", shape_str(g.shape()), ", ", g.dtype());
+  TANDEM_CHECK_AS(ValueError, x.is_contiguous(), "scale_unless_one: x must be contiguous, got strides ",
+                  shape_str(x.strides()));
+  Tensor out = in_place ? x : empty(x.shape(), x.options());
+  TANDEM_ROUTE(x.device(), scale_unless_one, x, g, out);
+  return out;
+}
+
 }  // namespace kernels
 }  // namespace tandem

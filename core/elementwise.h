@@ -32,5 +32,11 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 void add_(const Tensor& dst, const Tensor& src, double alpha = 1.0);  // dst += alpha * src
 void mul_(const Tensor& dst, double value);                            // dst *= value
 
+// g * x for a 0-dim floating g (f32 for half x, x's dtype otherwise) on x's device, without reading
+// g on the host: into x itself when in_place (then nothing is written where g is 1), else into a
+// new tensor. x must be contiguous. How a backward scales a gradient it computed ahead for an
+// upstream gradient of 1 (the fused cross-entropy's).
+Tensor scale_unless_one(const Tensor& x, const Tensor& g, bool in_place);
+
 }  // namespace kernels
 }  // namespace tandem

@@ -24,8 +24,8 @@ Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool l
   return out;
 }
 
-CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
-                                          double label_smoothing) {
+namespace {
+void check_cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing) {
   check_floating("cross_entropy", logits);
   TANDEM_CHECK_AS(ValueError, logits.dim() == 2, "cross_entropy: logits must be (N, C), got shape ",
                   shape_str(logits.shape()));
@@ -34,12 +34,35 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
                   shape_str(logits.shape()), ", got shape ", shape_str(target.shape()));
   TANDEM_CHECK_AS(ValueError, label_smoothing >= 0.0 && label_smoothing <= 1.0,
                   "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
+}
+
+// The dtype of the losses, lse and count: f32 for half logits.
+TensorOptions statistics_options(const Tensor& logits) {
+  return TensorOptions(is_half(logits.dtype()) ? DType::f32 : logits.dtype(), logits.device());
+}
+}  // namespace
+
+CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                          double label_smoothing) {
+  check_cross_entropy(logits, target, label_smoothing);
   Tensor t = index_as_i64("cross_entropy", target, logits.device());
   int64_t n = logits.shape()[0];
-  DType stat = is_half(logits.dtype()) ? DType::f32 : logits.dtype();
-  CrossEntropyForward result{empty({n}, TensorOptions(stat, logits.device())),
-                             empty({n}, TensorOptions(stat, logits.device()))};
+  CrossEntropyForward result{empty({n}, statistics_options(logits)), empty({n}, statistics_options(logits))};
   TANDEM_ROUTE(logits.device(), cross_entropy_forward, contiguous(logits), t, result.losses, result.lse, ignore_index,
+               label_smoothing);
+  return result;
+}
+
+CrossEntropyWithGrad cross_entropy_with_grad(const Tensor& logits, const Tensor& target, const Tensor& count,
+                                             int64_t ignore_index, double label_smoothing) {
+  check_cross_entropy(logits, target, label_smoothing);
+  const TensorOptions stat = statistics_options(logits);
+  TANDEM_CHECK(!count.defined() || (count.dim() == 0 && count.dtype() == stat.dtype && count.device() == logits.device()),
+               "cross_entropy_with_grad: count must be a 0-dim ", stat.dtype, " tensor on ", logits.device());
+  Tensor t = index_as_i64("cross_entropy", target, logits.device());
+  Tensor x = contiguous(logits);
+  CrossEntropyWithGrad result{empty({logits.shape()[0]}, stat), empty(logits.shape(), logits.options())};
+  TANDEM_ROUTE(logits.device(), cross_entropy_with_grad, x, t, count, result.losses, result.grad, ignore_index,
                label_smoothing);
   return result;
 }

@@ -19,6 +19,16 @@ struct CrossEntropyForward {
 };
 CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                           double label_smoothing);
+// The forward above (without lse) and, from the same pass over the logits, the gradient of the
+// loss for an upstream gradient of 1: grad (N, C) = (softmax(x) - y) / count, y the (smoothed)
+// one-hot target, ignored rows 0. count (0-dim, losses' dtype, on the device) is the mean's
+// divisor; undefined for a sum. The same values as cross_entropy_backward with row_grad = 1 / count.
+struct CrossEntropyWithGrad {
+  Tensor losses;  // (N,)
+  Tensor grad;    // (N, C), logits' dtype
+};
+CrossEntropyWithGrad cross_entropy_with_grad(const Tensor& logits, const Tensor& target, const Tensor& count,
+                                             int64_t ignore_index, double label_smoothing);
 // d(sum_i w_i * loss_i)/d logits, with per-row weights `row_grad` (N,).
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,
                               const Tensor& row_grad, int64_t ignore_index, double label_smoothing);

@@ -1,4 +1,5 @@
 // Reductions, softmax and cross-entropy, with their gradients.
+#include "tandem/autograd/grad_mode.h"
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
 #include "tandem/core/kernels.h"
@@ -105,24 +106,48 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   });
 }
 
+namespace {
+// The mean's divisor: rows whose target is not ignore_index, as a 0-dim tensor of the losses'
+// dtype (it stays on the device).
+Tensor counted_rows(const Tensor& target, int64_t ignore_index, DType dtype) {
+  Tensor valid = kernels::binary(BinaryOp::ne, target, scalar_tensor(static_cast<double>(ignore_index), target.options()));
+  return kernels::reduce(ReduceOp::sum, kernels::to_dtype(valid, dtype), {}, false);
+}
+
+Tensor reduce_losses(const Tensor& losses, const Tensor& count, Reduction reduction) {
+  switch (reduction) {
+    case Reduction::none: return losses;
+    case Reduction::sum: return kernels::reduce(ReduceOp::sum, losses, {}, false);
+    case Reduction::mean: return kernels::binary(BinaryOp::div, kernels::reduce(ReduceOp::sum, losses, {}, false), count);
+  }
+  return losses;
+}
+}  // namespace
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
+  const DType stat = is_half(logits.dtype()) ? DType::f32 : logits.dtype();
+  Tensor count;  // rows that count towards the mean, as a 0-dim tensor (stays on the device)
+  if (options.reduction == Reduction::mean) count = counted_rows(target, options.ignore_index, stat);
+  // A scalar loss that will be differentiated gets its gradient from the forward's own pass over
+  // the logits (for an upstream gradient of 1; backward scales it only if that is not 1): the
+  // logits are read once, not again in backward, and are not kept. Not for f16, whose range
+  // cannot hold (softmax - y) / N before the loss scale multiplies it.
+  const bool with_grad = options.reduction != Reduction::none && logits.dtype() != DType::f16 &&
+                         GradMode::is_enabled() && logits.requires_grad();
+  if (with_grad) {
+    kernels::CrossEntropyWithGrad f =
+        kernels::cross_entropy_with_grad(logits, target, count, options.ignore_index, options.label_smoothing);
+    return record(reduce_losses(f.losses, count, options.reduction), "cross_entropy", {logits},
+                  [grad = f.grad](const Tensor& g) -> std::vector<Tensor> {
+                    // Without retain_graph this node's buffer is handed on (scaled in place if g is
+                    // not 1); with it, a second backward must find the buffer unchanged.
+                    return {kernels::scale_unless_one(grad, g, autograd::backward_releases_saved())};
+                  });
+  }
   kernels::CrossEntropyForward f =
       kernels::cross_entropy_forward(logits, target, options.ignore_index, options.label_smoothing);
-  Tensor out;
-  Tensor count;  // rows that count towards the mean, as a 0-dim tensor (stays on the device)
-  switch (options.reduction) {
-    case Reduction::none: out = f.losses; break;
-    case Reduction::sum: out = kernels::reduce(ReduceOp::sum, f.losses, {}, false); break;
-    case Reduction::mean: {
-      Tensor valid = kernels::binary(BinaryOp::ne, target, scalar_tensor(static_cast<double>(options.ignore_index),
-                                                                         target.options()));
-      count = kernels::reduce(ReduceOp::sum, kernels::to_dtype(valid, f.losses.dtype()), {}, false);
-      out = kernels::binary(BinaryOp::div, kernels::reduce(ReduceOp::sum, f.losses, {}, false), count);
-      break;
-    }
-  }
   int64_t n = logits.dim() > 0 ? logits.shape()[0] : 0;
-  return record(out, "cross_entropy", {logits},
+  return record(reduce_losses(f.losses, count, options.reduction), "cross_entropy", {logits},
                 [sx = saved(logits), t = saved(target), lse = f.lse, count, n, options](const Tensor& g) -> std::vector<Tensor> {
                   Tensor row_grad;  // (N,): d(out)/d(loss_i) times g
                   switch (options.reduction) {

@@ -123,6 +123,18 @@ void add_inplace(const Tensor& dst, const Tensor& src, double alpha) {
   });
 }
 
+void scale_unless_one(const Tensor& x, const Tensor& g, const Tensor& out) {
+  dispatch_floating(x.dtype(), "scale_unless_one", "cpu", [&](auto tag) {
+    using T = decltype(tag);
+    using S = compute_t<T>;  // g's dtype
+    const S scale = g.data<S>()[0];
+    if (scale == S(1) && x.data_ptr() == out.data_ptr()) return;
+    const T* in = x.data<T>();
+    T* o = out.data<T>();
+    for (int64_t i = 0; i < x.numel(); ++i) o[i] = T(scale * static_cast<S>(in[i]));
+  });
+}
+
 namespace {
 // The largest finite value of T below the finite x.
 template <typename T>

@@ -201,4 +201,21 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Te
   });
 }
 
+void cross_entropy_with_grad(const Tensor& logits, const Tensor& target, const Tensor& count, const Tensor& losses,
+                             const Tensor& grad, int64_t ignore_index, double smoothing) {
+  // On the CPU nothing is saved by fusing: the forward, then the backward with every row's
+  // weight 1 / count (for the same values as cross_entropy_backward with row_grad = g / count, g = 1).
+  const int64_t n = logits.shape()[0];
+  Tensor lse = empty({n}, losses.options());
+  cross_entropy_forward(logits, target, losses, lse, ignore_index, smoothing);
+  Tensor row_grad = empty({n}, losses.options());  // (N,)
+  dispatch_floating(losses.dtype(), "cross_entropy_with_grad", "cpu", [&](auto tag) {
+    using S = decltype(tag);
+    const double divisor = count.defined() ? static_cast<double>(count.data<S>()[0]) : 1.0;
+    const S unit = static_cast<S>(1.0 / divisor);  // the correctly rounded quotient, as S's own division gives
+    for (int64_t row = 0; row < n; ++row) row_grad.data<S>()[row] = unit;
+  });
+  cross_entropy_backward(logits, target, lse, row_grad, grad, ignore_index, smoothing);
+}
+
 }  // namespace tandem::cpu

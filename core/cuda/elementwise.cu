@@ -188,6 +188,49 @@ void copy(const Tensor& src, const Tensor& dst) {
   });
 }
 
+namespace {
+// out = scale * x over n elements, V at a time (x and out 16-byte aligned) with the last n % V
+// elements one per thread of the first block; scale is read on the device, and an in-place call
+// (x == out) with scale 1 writes nothing.
+template <typename T, int V>
+__global__ void scale_unless_one_kernel(const T* x, const acc_t<T>* scale_at, T* out, int64_t n) {
+  using A = acc_t<T>;
+  const A scale = *scale_at;
+  if (scale == A(1) && x == out) return;
+  const int64_t vectors = n / V;
+  const Vec<T, V>* in = reinterpret_cast<const Vec<T, V>*>(x);  // (vectors,)
+  Vec<T, V>* o = reinterpret_cast<Vec<T, V>*>(out);             // (vectors,)
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vectors; i += stride) {
+    Vec<T, V> p = in[i];
+#pragma unroll
+    for (int k = 0; k < V; ++k) p.v[k] = cast_to<T>(scale * to_acc(p.v[k]));
+    o[i] = p;
+  }
+  if (blockIdx.x == 0 && threadIdx.x < n - vectors * V) {
+    const int64_t i = vectors * V + threadIdx.x;
+    out[i] = cast_to<T>(scale * to_acc(x[i]));
+  }
+}
+}  // namespace
+
+void scale_unless_one(const Tensor& x, const Tensor& g, const Tensor& out) {
+  dispatch_floating(x.dtype(), "scale_unless_one", "cuda", [&](auto tag) {
+    using T = device_t<decltype(tag)>;
+    const int64_t n = x.numel();
+    if (n == 0) return;
+    NvtxRange range("scale_unless_one");
+    DeviceGuard guard(x.device().index);
+    constexpr int V = 16 / sizeof(T);
+    const bool aligned = aligned16(x.data_ptr()) && aligned16(out.data_ptr());
+    auto kernel = aligned ? scale_unless_one_kernel<T, V> : scale_unless_one_kernel<T, 1>;
+    const int v = aligned ? V : 1;
+    kernel<<<blocks_for(n / v, 256, 132 * 16), 256, 0, stream_of(x)>>>(
+        device_ptr<const T>(x), device_ptr<const acc_t<T>>(g), device_ptr<T>(out), n);
+    check_launch("scale_unless_one");
+  });
+}
+
 void fill(const Tensor& dst, double value) {
   dispatch_all(dst.dtype(), "fill", "cuda", [&](auto tag) { fill_typed<device_t<decltype(tag)>>(dst, value); });
 }

@@ -104,6 +104,11 @@ void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const T
                             double) {
   no_cuda("cross_entropy_backward");
 }
+void cross_entropy_with_grad(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                             double) {
+  no_cuda("cross_entropy_with_grad");
+}
+void scale_unless_one(const Tensor&, const Tensor&, const Tensor&) { no_cuda("scale_unless_one"); }
 void matmul(const Tensor&, const Tensor&, const Tensor&) { no_cuda("matmul"); }
 void index_select(const Tensor&, const Tensor&, const Tensor&) { no_cuda("index_select"); }
 void index_add(const Tensor&, const Tensor&, const Tensor&, bool) { no_cuda("index_add"); }

@@ -262,5 +262,33 @@ TEST(GradcheckReduce, CrossEntropyWithI32Targets) {
   EXPECT_GRADCHECK([target](const Inputs& v) { return cross_entropy(v[0], target); }, (Inputs{logits}));
 }
 
+// A scalar loss gets its gradient from the forward's pass (for an upstream gradient of 1): the
+// backward scales it by the upstream gradient, in place only when the graph is released.
+TEST(GradcheckReduce, CrossEntropyGradientScalesAndSurvivesRetainGraph) {
+  for (Reduction reduction : {Reduction::mean, Reduction::sum}) {
+    SCOPED_TRACE(reduction == Reduction::mean ? "mean" : "sum");
+    CrossEntropyOptions options;
+    options.reduction = reduction;
+    options.label_smoothing = 0.1;
+    Tensor logits = random_leaf({6, 5});
+    Tensor target = random_targets(6, 5, {2});
+    cross_entropy(logits, target, options).backward();
+    Tensor unit = logits.grad();  // for an upstream gradient of 1
+    logits.set_grad(Tensor());
+    Tensor loss = mul(cross_entropy(logits, target, options), 2.5);
+    loss.backward(Tensor(), /*retain_graph=*/true);
+    Tensor first = logits.grad();
+    EXPECT_TRUE(testing::all_close(first, mul(unit, 2.5), 1e-15, 0));
+    logits.set_grad(Tensor());
+    loss.backward();  // the same graph again: the saved gradient was not scaled in place
+    EXPECT_TRUE(testing::all_close(logits.grad(), first, 0, 0));
+    logits.set_grad(Tensor());
+    {
+      NoGradGuard no_grad;  // no gradient to prepare: the forward alone, the same loss
+      EXPECT_TRUE(testing::all_close(cross_entropy(logits, target, options), loss / 2.5, 1e-15, 0));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem
