@@ -145,12 +145,6 @@ bool vectorisable(int64_t run, std::initializer_list<const void*> pointers) {
   return true;
 }
 
-inline int multiprocessors(int device) {
-  int sms = 0;
-  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return std::max(sms, 1);
-}
-
 }  // namespace tandem::cuda::batch_norm_detail
 
 namespace tandem::cuda {

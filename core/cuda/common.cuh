@@ -59,6 +59,13 @@ inline int blocks_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 8) 
   return static_cast<int>(b < 1 ? 1 : (b > max_blocks ? max_blocks : b));
 }
 
+// The number of SMs of `device` (at least 1), for grids sized to fill the GPU.
+inline int multiprocessors(int device) {
+  int count = 0;
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count > 0 ? count : 1;
+}
+
 // ---- strided elementwise indexing ----
 constexpr int kMaxDims = 10;
 

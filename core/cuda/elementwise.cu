@@ -225,7 +225,9 @@ void scale_unless_one(const Tensor& x, const Tensor& g, const Tensor& out) {
     const bool aligned = aligned16(x.data_ptr()) && aligned16(out.data_ptr());
     auto kernel = aligned ? scale_unless_one_kernel<T, V> : scale_unless_one_kernel<T, 1>;
     const int v = aligned ? V : 1;
-    kernel<<<blocks_for(n / v, 256, 132 * 16), 256, 0, stream_of(x)>>>(
+    // A grid-stride loop: 16 blocks per SM is plenty, and few enough to exit at once where g is 1.
+    const int blocks = blocks_for(n / v, 256, 16LL * multiprocessors(x.device().index));
+    kernel<<<blocks, 256, 0, stream_of(x)>>>(
         device_ptr<const T>(x), device_ptr<const acc_t<T>>(g), device_ptr<T>(out), n);
     check_launch("scale_unless_one");
   });

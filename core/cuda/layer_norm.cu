@@ -465,12 +465,6 @@ __global__ void layer_norm_reduce_partials(const stat_t<acc_t<T>>* __restrict__ 
   out[c] = cast_to<T>(sum);
 }
 
-int multiprocessors(int device) {
-  int count = 0;
-  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count > 0 ? count : 1;
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <typename T, int V>
