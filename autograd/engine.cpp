@@ -16,6 +16,8 @@ namespace {
 thread_local std::vector<std::function<void()>>* pending_callbacks = nullptr;
 // Whether the backward running on this thread releases nodes as they finish.
 thread_local bool releasing_saved = false;
+// Whether the node running on this thread gives its first input its last gradient.
+thread_local bool first_input_final = false;
 
 struct LaterFirst {
   bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
@@ -83,11 +85,13 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
   struct Restore {
     std::vector<std::function<void()>>* outer;
     bool outer_releasing;
+    bool outer_first_input_final;
     ~Restore() {
       pending_callbacks = outer;
       releasing_saved = outer_releasing;
+      first_input_final = outer_first_input_final;
     }
-  } restore{outer_callbacks, releasing_saved};
+  } restore{outer_callbacks, releasing_saved, first_input_final};
   releasing_saved = !retain_graph;
   std::shared_ptr<Node> root_node = gradient_edge(root);
   std::unordered_map<Node*, int> deps = count_dependencies(root_node);
@@ -102,6 +106,15 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
     Tensor grad = std::move(it->second);
     buffers.erase(it);
     Tensor pending = take_pending_to_fold(*node, buffers);
+    // Final when no other producer is still to run for the first input's node and no gradient
+    // waits in its slot that this node did not fold (a folded one left the slot empty).
+    Node* first = node->next.empty() ? nullptr : node->next[0].get();
+    if (first != nullptr) {
+      auto slot = buffers.find(first);
+      first_input_final = deps[first] == 1 && (slot == buffers.end() || !slot->second.defined());
+    } else {
+      first_input_final = false;
+    }
     std::vector<Tensor> grads =
         pending.defined() ? node->apply_folding(std::move(grad), pending) : node->apply(std::move(grad));
     if (!retain_graph) node->release();
@@ -147,6 +160,8 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
 }
 
 bool backward_releases_saved() { return releasing_saved; }
+
+bool first_input_gradient_is_final() { return first_input_final; }
 
 void queue_callback(std::function<void()> fn) {
   TANDEM_CHECK(pending_callbacks != nullptr, "queue_callback: no backward pass is running on this thread");

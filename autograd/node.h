@@ -124,6 +124,13 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
 // saved, since no later backward through the node can read it. False outside a backward.
 bool backward_releases_saved();
 
+// Inside a node's backward: whether the gradient the node returns for its first input (with the
+// pending gradient it was handed, if any) is all that this input will receive in this backward
+// pass, no other use of it being left to run. A node may then derive from that gradient what would
+// otherwise need it complete: layer norm sums it per column for add_layer_norm's residual bias.
+// False outside a backward.
+bool first_input_gradient_is_final();
+
 // Queues fn to run once the backward pass in progress (on this thread) has finished: what DDP
 // uses to wait for its last buckets. Only valid from inside a backward (e.g. from a hook).
 void queue_callback(std::function<void()> fn);

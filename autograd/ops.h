@@ -185,8 +185,13 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 // The residual stream's add and the layer norm after it, as a transformer block has them:
 // returns {x + residual, layer_norm(x + residual)}, the same values as add and layer_norm. On
 // CUDA one kernel reads x and residual once and writes both (one add kernel fewer per layer norm).
+// residual_bias (shaped normalized_shape), when given, is the bias of the linear layer that made
+// residual, left out of that layer's matmul (Megatron's skip_bias_add): the sum is then
+// x + (residual + residual_bias), and the bias's gradient, the sum's gradient summed over rows,
+// comes out of layer norm's backward kernel instead of a bias-gradient kernel of the linear's.
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
-                                         const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+                                         const Tensor& weight, const Tensor& bias, double eps = 1e-5,
+                                         const Tensor& residual_bias = Tensor());
 // Rows of weight (V, D) picked by integer indices of any shape: result (..., D).
 Tensor embedding(const Tensor& indices, const Tensor& weight);
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training;

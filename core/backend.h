@@ -88,12 +88,14 @@ namespace tandem {
                            const Tensor& grad_bias, const Tensor& grad_residual);                   \
   /* layer norm over the last dim: x, out, grad_out, grad_x (rows, D) contiguous; weight, bias, */  \
   /* grad_weight, grad_bias (D,) contiguous or undefined; mean, rstd (rows,) in the stats dtype; */  \
-  /* pending (rows, D) contiguous or undefined: a gradient added into grad_x */                     \
+  /* pending (rows, D) contiguous or undefined: a gradient added into grad_x; grad_x_column_sum */ \
+  /* (D,) contiguous or undefined: grad_x (as rounded) summed over its rows */                       \
   void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, \
                           const Tensor& mean, const Tensor& rstd, double eps);                      \
   void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,            \
                            const Tensor& mean, const Tensor& rstd, const Tensor& pending,            \
-                           const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias); \
+                           const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,  \
+                           const Tensor& grad_x_column_sum);                                        \
   /* fused optimizer steps (see UpdateTensors): params, grads, states and masters contiguous, */   \
   /* params of one float dtype on one device, masters either empty or one (maybe undefined) each */ \
   void sgd_step(const UpdateTensors& t, const SgdHyper& h);                                        \
@@ -126,11 +128,13 @@ void random_from_base(const Tensor& out, RandomKind kind, const uint64_t* base, 
 void* pinned_allocate(size_t nbytes);
 void pinned_free(void* ptr);
 
-// Layer norm of x + residual (core/cuda/layer_norm.cu): one kernel writes sum = x + residual
-// (rounded to the dtype, as the add kernel would) and out = layer_norm(sum). x, residual, sum, out
-// (rows, D) contiguous; the rest as layer_norm_forward.
-void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
-                            const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd, double eps);
+// Layer norm of x + residual (core/cuda/layer_norm.cu): one kernel writes sum = x + (residual +
+// residual_bias) (each add rounded to the dtype, as the add kernels would) and out =
+// layer_norm(sum). x, residual, sum, out (rows, D) contiguous; residual_bias (D,) contiguous or
+// undefined; the rest as layer_norm_forward.
+void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& residual_bias, const Tensor& weight,
+                            const Tensor& bias, const Tensor& sum, const Tensor& out, const Tensor& mean,
+                            const Tensor& rstd, double eps);
 
 // cuBLASLt matmuls with epilogues (core/cuda/linear.cpp), all operands contiguous, in one dtype.
 // Each returns false, having written nothing, when cuBLASLt offers no algorithm for the problem

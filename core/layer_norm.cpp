@@ -56,22 +56,24 @@ LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const
 }
 
 AddLayerNormForward add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                                           const Tensor& bias, double eps) {
+                                           const Tensor& bias, double eps, const Tensor& residual_bias) {
   TANDEM_CHECK_AS(ValueError, x.shape() == residual.shape(), "add_layer_norm: x ", shape_str(x.shape()),
                   " and residual ", shape_str(residual.shape()), " must have one shape");
   TANDEM_CHECK_AS(TypeError, x.dtype() == residual.dtype(), "add_layer_norm: x is ", x.dtype(), " but residual is ",
                   residual.dtype());
   TANDEM_CHECK_AS(DeviceError, x.device() == residual.device(), "add_layer_norm: x is on ", x.device(),
                   " but residual is on ", residual.device());
+  TANDEM_CHECK_AS(ValueError, x.dim() >= 1, "add_layer_norm: input must have at least 1 dim, got a 0-dim tensor");
+  const int64_t d = x.shape().back();
+  Tensor rb = check_parameter("add_layer_norm", "residual_bias", residual_bias, x, d);  // (D,) or undefined
   if (!x.device().is_cuda() || x.numel() == 0) {
-    Tensor sum = binary(BinaryOp::add, x, residual);
+    Tensor branch = rb.defined() ? binary(BinaryOp::add, residual, rb) : residual;
+    Tensor sum = binary(BinaryOp::add, x, branch);
     return {sum, layer_norm_forward(sum, weight, bias, eps)};
   }
   TANDEM_CHECK_AS(TypeError, is_floating(x.dtype()),
                   "add_layer_norm: expected a floating-point input (f32, f64, f16, bf16), got ", x.dtype());
-  TANDEM_CHECK_AS(ValueError, x.dim() >= 1, "add_layer_norm: input must have at least 1 dim, got a 0-dim tensor");
   TANDEM_CHECK_AS(ValueError, eps >= 0.0, "add_layer_norm: eps must be >= 0, got ", eps);
-  const int64_t d = x.shape().back();
   Tensor w = check_parameter("add_layer_norm", "weight", weight, x, d);
   Tensor b = check_parameter("add_layer_norm", "bias", bias, x, d);
   Tensor rows = as_rows(x), residual_rows = as_rows(residual);  // (rows, D) each
@@ -79,13 +81,13 @@ AddLayerNormForward add_layer_norm_forward(const Tensor& x, const Tensor& residu
   TensorOptions stats(stats_dtype(x.dtype()), x.device());
   Tensor sum = empty(rows.shape(), x.options());  // (rows, D)
   LayerNormForward norm{empty(rows.shape(), x.options()), empty({n}, stats), empty({n}, stats)};
-  cuda::add_layer_norm_forward(rows, residual_rows, w, b, sum, norm.out, norm.mean, norm.rstd, eps);
+  cuda::add_layer_norm_forward(rows, residual_rows, rb, w, b, sum, norm.out, norm.mean, norm.rstd, eps);
   norm.out = views::reshape(norm.out, x.shape());
   return {views::reshape(sum, x.shape()), norm};
 }
 
 LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                   const Tensor& rstd, bool with_bias, const Tensor& pending) {
+                                   const Tensor& rstd, bool with_bias, const Tensor& pending, bool with_x_column_sum) {
   TANDEM_CHECK_AS(ValueError, grad_out.shape() == x.shape(), "layer_norm_backward: grad_out ",
                   shape_str(grad_out.shape()), " must have the input's shape ", shape_str(x.shape()));
   TANDEM_CHECK_AS(TypeError, grad_out.dtype() == x.dtype(), "layer_norm_backward: grad_out has dtype ",
@@ -111,12 +113,15 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, cons
   grads.x = empty(rows.shape(), x.options());
   if (w.defined()) grads.weight = empty({d}, x.options());
   if (with_bias) grads.bias = empty({d}, x.options());
+  if (with_x_column_sum) grads.x_column_sum = empty({d}, x.options());
   if (rows.numel() > 0) {
     TANDEM_ROUTE(x.device(), layer_norm_backward, g, rows, w, contiguous(views::reshape(mean, {n})),
-                 contiguous(views::reshape(rstd, {n})), pending_rows, grads.x, grads.weight, grads.bias);
+                 contiguous(views::reshape(rstd, {n})), pending_rows, grads.x, grads.weight, grads.bias,
+                 grads.x_column_sum);
   } else {
-    if (grads.weight.defined()) fill_(grads.weight, 0.0);
-    if (grads.bias.defined()) fill_(grads.bias, 0.0);
+    for (Tensor* t : {&grads.weight, &grads.bias, &grads.x_column_sum}) {
+      if (t->defined()) fill_(*t, 0.0);
+    }
   }
   grads.x = views::reshape(grads.x, x.shape());
   return grads;

@@ -15,23 +15,30 @@ struct LayerNormForward {
   Tensor rstd;  // (rows,)
 };
 LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
-// The residual stream's add and the layer norm after it: sum = x + residual, then
-// layer_norm(sum). x and residual of one shape, dtype and device. On CUDA one kernel reads x and
-// residual once and writes sum and the normalised rows; elsewhere add, then layer_norm_forward.
+// The residual stream's add and the layer norm after it: sum = x + (residual + residual_bias),
+// then layer_norm(sum). x and residual of one shape, dtype and device; residual_bias (D,) or
+// undefined: the bias of the linear layer that made residual, left out of its matmul so that its
+// gradient comes out of the layer norm's backward (see layer_norm_backward). Each add is rounded
+// to the dtype, as the add kernels would. On CUDA one kernel reads x, residual and the bias once
+// and writes sum and the normalised rows; elsewhere adds, then layer_norm_forward.
 struct AddLayerNormForward {
   Tensor sum;              // like x
   LayerNormForward norm;   // of sum
 };
 AddLayerNormForward add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                                           const Tensor& bias, double eps);
+                                           const Tensor& bias, double eps, const Tensor& residual_bias = Tensor());
 struct LayerNormGrads {
-  Tensor x;       // like x
-  Tensor weight;  // (D,), undefined when weight is
-  Tensor bias;    // (D,), undefined unless with_bias
+  Tensor x;             // like x
+  Tensor weight;        // (D,), undefined when weight is
+  Tensor bias;          // (D,), undefined unless with_bias
+  Tensor x_column_sum;  // (D,), undefined unless with_x_column_sum
 };
 // pending: undefined, or a gradient like x that grads.x comes back with added in (the gradient
 // x's other uses gave; the backward kernel adds it before rounding, saving an add kernel).
+// with_x_column_sum: also grads.x summed over its rows (after rounding), in the same pass: the
+// gradient of a bias added into x (add_layer_norm's residual_bias), without a kernel of its own.
 LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                   const Tensor& rstd, bool with_bias, const Tensor& pending = Tensor());
+                                   const Tensor& rstd, bool with_bias, const Tensor& pending = Tensor(),
+                                   bool with_x_column_sum = false);
 
 }  // namespace tandem::kernels

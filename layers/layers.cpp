@@ -31,6 +31,12 @@ Linear::Linear(int64_t in_features, int64_t out_features, Activation activation,
 
 Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias, activation); }
 
+Tensor Linear::forward_without_bias(const Tensor& x) {
+  TANDEM_CHECK_AS(ValueError, activation == Activation::none,
+                  "Linear::forward_without_bias: the layer has an activation, which must follow its bias");
+  return linear(x, weight, Tensor(), Activation::none);
+}
+
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv2dOptions conv,
                TensorOptions options) {
   TANDEM_CHECK_AS(ValueError, conv.groups >= 1 && in_channels % conv.groups == 0 && out_channels % conv.groups == 0,
@@ -79,8 +85,9 @@ LayerNorm::LayerNorm(int64_t normalized_size, double eps, TensorOptions options)
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, normalized_shape, weight, bias, eps); }
 
-std::pair<Tensor, Tensor> LayerNorm::forward_with_residual(const Tensor& x, const Tensor& residual) {
-  return add_layer_norm(x, residual, normalized_shape, weight, bias, eps);
+std::pair<Tensor, Tensor> LayerNorm::forward_with_residual(const Tensor& x, const Tensor& residual,
+                                                           const Tensor& residual_bias) {
+  return add_layer_norm(x, residual, normalized_shape, weight, bias, eps, residual_bias);
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, TensorOptions options) {

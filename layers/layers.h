@@ -16,6 +16,9 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, bool bias = true, TensorOptions options = {});
   Linear(int64_t in_features, int64_t out_features, Activation activation, bool bias = true, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
+  // x W^T without the bias (activation none only), for a caller that adds the bias itself in a
+  // fused op, as add_layer_norm's residual_bias does.
+  Tensor forward_without_bias(const Tensor& x);
   Tensor weight, bias;  // (out, in), (out,) or undefined
   Activation activation = Activation::none;
 
@@ -69,8 +72,11 @@ class LayerNorm : public Module {
   // Over the last dim, of size normalized_size: nn::LayerNorm(64) as in PyTorch.
   explicit LayerNorm(int64_t normalized_size, double eps = 1e-5, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
-  // {x + residual, forward(x + residual)}, the residual add fused into the norm (add_layer_norm).
-  std::pair<Tensor, Tensor> forward_with_residual(const Tensor& x, const Tensor& residual);
+  // {x + residual, forward(x + residual)}, the residual add fused into the norm (add_layer_norm);
+  // with residual_bias, x + (residual + residual_bias): the bias of the linear layer that made
+  // residual (see Linear::forward_without_bias), added and differentiated here.
+  std::pair<Tensor, Tensor> forward_with_residual(const Tensor& x, const Tensor& residual,
+                                                  const Tensor& residual_bias = Tensor());
   Tensor weight, bias;  // normalized_shape each
   Shape normalized_shape;
   double eps;

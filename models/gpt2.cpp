@@ -37,13 +37,16 @@ CausalSelfAttention::CausalSelfAttention(const GPT2Config& config, TensorOptions
   c_proj = register_module("c_proj", make_linear(config.n_embd, config.n_embd, residual_std(config), options));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) {
+Tensor CausalSelfAttention::attend(const Tensor& x) {
   TANDEM_CHECK_AS(ValueError, x.dim() == 3, "CausalSelfAttention: input ", shape_str(x.shape()),
                   " should be (B, T, C)");
   Tensor qkv = (*c_attn)(x);                                       // (B, T, 3 C): q, k, v side by side
-  Tensor y = packed_qkv_attention(qkv, n_head, /*is_causal=*/true);  // (B, T, C), heads merged
-  return (*c_proj)(y);                                             // (B, T, C)
+  return packed_qkv_attention(qkv, n_head, /*is_causal=*/true);  // (B, T, C), heads merged
 }
+
+Tensor CausalSelfAttention::forward(const Tensor& x) { return (*c_proj)(attend(x)); }
+
+Tensor CausalSelfAttention::forward_without_bias(const Tensor& x) { return c_proj->forward_without_bias(attend(x)); }
 
 GPT2MLP::GPT2MLP(const GPT2Config& config, TensorOptions options) {
   // GELU (tanh) runs in c_fc's matmul epilogue on CUDA.
@@ -55,6 +58,10 @@ Tensor GPT2MLP::forward(const Tensor& x) {
   // (B, T, C) -> gelu_tanh(x W_fc^T + b_fc) (B, T, 4 C) -> (B, T, C), as one op so that GELU's
   // backward runs in a matmul's epilogue on CUDA.
   return gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias);
+}
+
+Tensor GPT2MLP::forward_without_bias(const Tensor& x) {
+  return gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, Tensor());  // (B, T, C)
 }
 
 GPT2Block::GPT2Block(const GPT2Config& config, TensorOptions options) {
@@ -70,8 +77,9 @@ Tensor GPT2Block::forward(const Tensor& x) {
 }
 
 std::pair<Tensor, Tensor> GPT2Block::forward_residual(const Tensor& x, const Tensor& x_normed, nn::LayerNorm& next_ln) {
-  auto [y, y_normed] = ln_2->forward_with_residual(x, (*attn)(x_normed));  // (B, T, C) each
-  return next_ln.forward_with_residual(y, (*mlp)(y_normed));                // (B, T, C) each
+  auto [y, y_normed] = ln_2->forward_with_residual(x, attn->forward_without_bias(x_normed),
+                                                   attn->c_proj->bias);  // (B, T, C) each
+  return next_ln.forward_with_residual(y, mlp->forward_without_bias(y_normed), mlp->c_proj->bias);  // (B, T, C) each
 }
 
 GPT2::GPT2(const GPT2Config& cfg, TensorOptions options) : config(cfg) {

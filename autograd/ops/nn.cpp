@@ -31,23 +31,41 @@ Tensor layer_norm_rows(const char* op, const Tensor& x, const Shape& normalized_
   return views::reshape(x, rows_shape);  // (..., D)
 }
 
+// How add_layer_norm's residual bias gets its gradient, the sum's gradient summed over rows: layer
+// norm's node sums the gradient it computes for the sum, in its kernel, when that gradient is all
+// the sum receives (autograd::first_input_gradient_is_final: the sum's other uses ran first and
+// their gradient was folded in), and says so here; otherwise the add's node, which runs after it
+// with the sum's whole gradient, sums it.
+struct ResidualBiasHandOff {
+  bool summed_by_norm = false;
+};
+
 // Records layer norm's node for `out` = layer_norm(x) from the forward's statistics. The node folds
 // x's pending gradient into its kernel: where x has another use (the residual stream), the two
-// gradients meet there rather than in an add.
+// gradients meet there rather than in an add. With hand_off, residual_bias is its fourth input.
 Tensor record_layer_norm(const Tensor& out, const Tensor& x, const Tensor& x_rows, const Tensor& weight,
-                         const Tensor& bias, const kernels::LayerNormForward& f, const Shape& normalized_shape) {
+                         const Tensor& bias, const kernels::LayerNormForward& f, const Shape& normalized_shape,
+                         const Tensor& residual_bias = Tensor(),
+                         std::shared_ptr<ResidualBiasHandOff> hand_off = nullptr) {
   const bool with_bias = bias.defined() && bias.requires_grad();
-  return record(out, "layer_norm", {x, weight, bias},
+  std::vector<Tensor> inputs{x, weight, bias};
+  if (hand_off) inputs.push_back(residual_bias);
+  return record(out, "layer_norm", inputs,
                 [sx = saved(x_rows), sw = weight.defined() ? saved(weight) : Tensor(), mean = f.mean, rstd = f.rstd,
-                 with_bias, x_shape = x.shape(),
-                 normalized_shape](const Tensor& g, const Tensor& pending) -> std::vector<Tensor> {
+                 with_bias, x_shape = x.shape(), normalized_shape,
+                 hand_off](const Tensor& g, const Tensor& pending) -> std::vector<Tensor> {
                   Tensor pending_rows = pending.defined() ? views::reshape(pending, sx.shape()) : Tensor();
+                  const bool sum_for_bias = hand_off && autograd::first_input_gradient_is_final();
                   kernels::LayerNormGrads grads = kernels::layer_norm_backward(
-                      views::reshape(g, sx.shape()), sx, sw, mean, rstd, with_bias, pending_rows);
+                      views::reshape(g, sx.shape()), sx, sw, mean, rstd, with_bias, pending_rows, sum_for_bias);
                   Tensor gx = views::reshape(grads.x, x_shape);
                   Tensor gw = grads.weight.defined() ? views::reshape(grads.weight, normalized_shape) : Tensor();
                   Tensor gb = grads.bias.defined() ? views::reshape(grads.bias, normalized_shape) : Tensor();
-                  return {gx, gw, gb};
+                  if (!hand_off) return {gx, gw, gb};
+                  hand_off->summed_by_norm = sum_for_bias;
+                  Tensor g_residual_bias =
+                      sum_for_bias ? views::reshape(grads.x_column_sum, normalized_shape) : Tensor();
+                  return {gx, gw, gb, g_residual_bias};
                 });
 }
 }  // namespace
@@ -61,18 +79,34 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 }
 
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
-                                         const Tensor& weight, const Tensor& bias, double eps) {
+                                         const Tensor& weight, const Tensor& bias, double eps,
+                                         const Tensor& residual_bias) {
   Tensor x_rows = layer_norm_rows("add_layer_norm", x, normalized_shape, weight, bias);  // (..., D)
   TANDEM_CHECK_AS(ValueError, residual.shape() == x.shape(), "add_layer_norm: residual ", shape_str(residual.shape()),
                   " must have the input's shape ", shape_str(x.shape()));
-  kernels::AddLayerNormForward f =
-      kernels::add_layer_norm_forward(x_rows, views::reshape(residual, x_rows.shape()), weight, bias, eps);
+  TANDEM_CHECK_AS(ValueError, !residual_bias.defined() || residual_bias.shape() == normalized_shape,
+                  "add_layer_norm: residual_bias must have shape normalized_shape ", shape_str(normalized_shape),
+                  ", got ", shape_str(residual_bias.shape()));
+  kernels::AddLayerNormForward f = kernels::add_layer_norm_forward(
+      x_rows, views::reshape(residual, x_rows.shape()), weight, bias, eps, residual_bias);
   // Two nodes from one kernel: the add (its gradient goes to both terms unchanged), and the layer
   // norm of the sum, whose gradient reaches the add's node together with the sum's other uses.
-  Tensor sum = record(views::reshape(f.sum, x.shape()), "add", {x, residual},
-                      [](const Tensor& g) -> std::vector<Tensor> { return {g, g}; });
+  if (!residual_bias.defined() || !residual_bias.requires_grad()) {
+    Tensor sum = record(views::reshape(f.sum, x.shape()), "add", {x, residual},  // a constant bias: no edge
+                        [](const Tensor& g) -> std::vector<Tensor> { return {g, g}; });
+    Tensor normed = record_layer_norm(views::reshape(f.norm.out, x.shape()), sum, f.sum, weight, bias, f.norm,
+                                      normalized_shape);
+    return {sum, normed};
+  }
+  auto hand_off = std::make_shared<ResidualBiasHandOff>();
+  Tensor sum = record(views::reshape(f.sum, x.shape()), "add", {x, residual, residual_bias},
+                      [hand_off, bias_shape = residual_bias.shape()](const Tensor& g) -> std::vector<Tensor> {
+                        Tensor g_bias = hand_off->summed_by_norm ? Tensor() : kernels::sum_to(g, bias_shape);
+                        hand_off->summed_by_norm = false;  // for the next backward through the graph
+                        return {g, g, g_bias};
+                      });
   Tensor normed = record_layer_norm(views::reshape(f.norm.out, x.shape()), sum, f.sum, weight, bias, f.norm,
-                                    normalized_shape);
+                                    normalized_shape, residual_bias, hand_off);
   return {sum, normed};
 }
 

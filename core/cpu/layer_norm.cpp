@@ -61,11 +61,12 @@ void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, co
 
 // With xhat = (x - mean) * rstd and g = dy * w: dx = rstd * (g - mean(g) - xhat * mean(g * xhat));
 // dweight = sum over rows of dy * xhat; dbias = sum over rows of dy. pending, when defined, is
-// added into dx before it is rounded.
+// added into dx before it is rounded; grad_x_column_sum, when defined, gets dx's rounded values
+// summed over the rows.
 template <typename T>
 void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
                     const Tensor& rstd, const Tensor& pending, const Tensor& grad_x, const Tensor& grad_weight,
-                    const Tensor& grad_bias) {
+                    const Tensor& grad_bias, const Tensor& grad_x_column_sum) {
   using S = stats_t<T>;
   const int64_t rows = x.shape()[0], d = x.shape()[1];
   const T* pg = grad_out.data<T>();                                  // (rows, D)
@@ -77,6 +78,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   T* pdx = grad_x.data<T>();                                         // (rows, D)
   T* pdw = grad_weight.defined() ? grad_weight.data<T>() : nullptr;  // (D,)
   T* pdb = grad_bias.defined() ? grad_bias.data<T>() : nullptr;      // (D,)
+  T* pds = grad_x_column_sum.defined() ? grad_x_column_sum.data<T>() : nullptr;  // (D,)
   parallel_for(rows, 6 * d, [&](int64_t r) {
     const T* gr = pg + r * d;
     const T* xr = px + r * d;
@@ -95,16 +97,18 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
       dxr[i] = store<T>(rs * (g - a - xhat * b) + (pp ? load(pp, r * d + i) : 0.0));
     }
   });
-  if (!pdw && !pdb) return;
-  parallel_for(d, 2 * rows, [&](int64_t i) {
-    double dw = 0.0, db = 0.0;
+  if (!pdw && !pdb && !pds) return;
+  parallel_for(d, 3 * rows, [&](int64_t i) {
+    double dw = 0.0, db = 0.0, ds = 0.0;
     for (int64_t r = 0; r < rows; ++r) {
       const double g = load(pg, r * d + i);
       dw += g * (load(px, r * d + i) - static_cast<double>(pm[r])) * static_cast<double>(pr[r]);
       db += g;
+      if (pds) ds += load(pdx, r * d + i);
     }
     if (pdw) pdw[i] = store<T>(dw);
     if (pdb) pdb[i] = store<T>(db);
+    if (pds) pds[i] = store<T>(ds);
   });
 }
 }  // namespace
@@ -117,9 +121,10 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 
 void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& rstd, const Tensor& pending, const Tensor& grad_x, const Tensor& grad_weight,
-                         const Tensor& grad_bias) {
+                         const Tensor& grad_bias, const Tensor& grad_x_column_sum) {
   dispatch_floating(x.dtype(), "layer_norm_backward", "cpu", [&](auto tag) {
-    backward_typed<decltype(tag)>(grad_out, x, weight, mean, rstd, pending, grad_x, grad_weight, grad_bias);
+    backward_typed<decltype(tag)>(grad_out, x, weight, mean, rstd, pending, grad_x, grad_weight, grad_bias,
+                                  grad_x_column_sum);
   });
 }
 

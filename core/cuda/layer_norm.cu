@@ -4,8 +4,9 @@
 // (a short row's dy, x and pending held in registers) and sums dy * xhat and dy per column into
 // each warp's own shared-memory slice; a block adds its warps' sums in order into one f32 partial
 // row, and a second kernel adds the blocks' partial rows in order. Up to 128 rows one launch does
-// it all: blocks beside the rows' sum whole columns. No atomics: the weight and bias gradients are
-// the same bits on every run.
+// it all: blocks beside the rows' sum whole columns. When asked, the backward also sums dx itself
+// per column the same way (add_layer_norm's residual bias takes that as its gradient). No
+// atomics: the weight and bias gradients and dx's sums are the same bits on every run.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -45,10 +46,12 @@ __device__ __forceinline__ void load_vector(const T* p, int64_t j, stat_t<acc_t<
 // Row `row` of x (rows, D), normalised into out; each lane owns vectors lane, lane + 32, ... of V
 // elements. kItems > 0: the row is held in registers (D <= 32 * V * kItems); kItems == 0: it is
 // streamed three times (L1 serves the re-reads). With a residual (rows, D), the row normalised
-// is x + residual, rounded to T as the add kernel would, and it is also written to sum.
+// is x + residual, rounded to T as the add kernel would, and it is also written to sum; with a
+// residual_bias (D,) too, x + (residual + residual_bias), each add rounded to T.
 template <typename T, int V, int kItems>
 __global__ void __launch_bounds__(kForwardWarps * 32)
-    layer_norm_forward_rows(const T* __restrict__ x, const T* __restrict__ residual, const T* __restrict__ weight,
+    layer_norm_forward_rows(const T* __restrict__ x, const T* __restrict__ residual,
+                            const T* __restrict__ residual_bias, const T* __restrict__ weight,
                             const T* __restrict__ bias, T* __restrict__ sum, T* __restrict__ out,
                             stat_t<acc_t<T>>* __restrict__ mean, stat_t<acc_t<T>>* __restrict__ rstd, int64_t rows,
                             int64_t d, double eps) {
@@ -68,6 +71,14 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
     if (!rr) return;
     S r[V];
     load_vector<T, V>(rr, j, r);
+    if (residual_bias) {
+      S rb[V];
+      load_vector<T, V>(residual_bias, j, rb);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        r[k] = static_cast<S>(to_acc(cast_to<T>(static_cast<acc_t<T>>(r[k]) + static_cast<acc_t<T>>(rb[k]))));
+      }
+    }
     Packed<T, V> pack;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -148,44 +159,54 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
   }
 }
 
-// The block's column sums: the warps' slices of shared (warps, 2, slice), column c of each half at
-// offset(c), added in warp order into row blockIdx.x of partial_dw and partial_db (gridDim.x, D).
+// The column sums a backward block keeps: dy * xhat's (the weight's gradient) and dy's (the
+// bias's), and with partial_ds set also dx's as rounded (a bias added into x).
+template <typename S>
+__device__ __forceinline__ int column_sums(const S* partial_ds) {
+  return partial_ds != nullptr ? 3 : 2;
+}
+
+// The block's column sums: the warps' slices of shared (warps, sums, slice), column c of each sum
+// at offset(c), added in warp order into row blockIdx.x of partial_dw, partial_db and, with three
+// sums, partial_ds (gridDim.x, D) each.
 template <typename S, typename Offset>
-__device__ void store_block_partials(const S* shared, int64_t slice, Offset offset, int64_t d, S* partial_dw,
-                                     S* partial_db) {
+__device__ void store_block_partials(const S* shared, int sums, int64_t slice, Offset offset, int64_t d,
+                                     S* partial_dw, S* partial_db, S* partial_ds) {
   const int warps = blockDim.y;
   for (int64_t c = threadIdx.y * 32 + threadIdx.x; c < d; c += static_cast<int64_t>(warps) * 32) {
     const int64_t o = offset(c);
-    S dw = 0, db = 0;
-    for (int w = 0; w < warps; ++w) {
-      dw += shared[static_cast<int64_t>(w) * 2 * slice + o];
-      db += shared[static_cast<int64_t>(w) * 2 * slice + slice + o];
+    for (int k = 0; k < sums; ++k) {
+      S total = 0;
+      for (int w = 0; w < warps; ++w) total += shared[(static_cast<int64_t>(w) * sums + k) * slice + o];
+      S* partial = k == 0 ? partial_dw : k == 1 ? partial_db : partial_ds;  // (gridDim.x, D)
+      partial[static_cast<int64_t>(blockIdx.x) * d + c] = total;
     }
-    partial_dw[static_cast<int64_t>(blockIdx.x) * d + c] = dw;
-    partial_db[static_cast<int64_t>(blockIdx.x) * d + c] = db;
   }
 }
 
 // dx per row (one warp per row, rows strided over the grid), plus pending's row where pending is
-// set (the gradient x's other uses gave, added before rounding); with partial_* set, also this
-// block's column sums of dy * xhat and dy into partial_dw, partial_db (gridDim.x, D), through
-// shared memory (warps, 2, D) in S.
+// set (the gradient x's other uses gave, added before rounding); with partial_dw set, also this
+// block's column sums of dy * xhat and dy (and of dx with partial_ds set) into partial_dw,
+// partial_db, partial_ds (gridDim.x, D), through shared memory (warps, sums, D) in S.
 template <typename T, int V>
 __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T* __restrict__ x,
                                          const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
                                          const stat_t<acc_t<T>>* __restrict__ rstd, const T* __restrict__ pending,
                                          T* __restrict__ grad_x,
                                          stat_t<acc_t<T>>* __restrict__ partial_dw,
-                                         stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d) {
+                                         stat_t<acc_t<T>>* __restrict__ partial_db,
+                                         stat_t<acc_t<T>>* __restrict__ partial_ds, int64_t rows, int64_t d) {
   using S = stat_t<acc_t<T>>;
   extern __shared__ unsigned char shared_raw[];
-  S* shared = reinterpret_cast<S*>(shared_raw);  // (warps, 2, D)
+  S* shared = reinterpret_cast<S*>(shared_raw);  // (warps, sums, D)
   const int lane = threadIdx.x, warps = blockDim.y;
   const bool columns = partial_dw != nullptr;
-  S* my_dw = shared + static_cast<int64_t>(threadIdx.y) * 2 * d;  // (D,)
-  S* my_db = my_dw + d;                                           // (D,)
+  const int sums = column_sums(partial_ds);
+  S* my_dw = shared + static_cast<int64_t>(threadIdx.y) * sums * d;  // (D,)
+  S* my_db = my_dw + d;                                              // (D,)
+  S* my_ds = partial_ds ? my_db + d : nullptr;                       // (D,)
   if (columns) {
-    for (int64_t c = lane; c < d; c += 32) my_dw[c] = my_db[c] = S(0);
+    for (int64_t c = lane; c < static_cast<int64_t>(sums) * d; c += 32) my_dw[c] = S(0);
     __syncwarp();
   }
   const int64_t vectors = d / V;
@@ -225,6 +246,7 @@ __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T
         if (columns) {
           my_dw[j * V + k] += gv[k] * xhat;  // each lane owns its columns: no races, a fixed order
           my_db[j * V + k] += gv[k];
+          if (my_ds) my_ds[j * V + k] += static_cast<S>(to_acc(pack.v[k]));
         }
       }
       reinterpret_cast<Packed<T, V>*>(dxr)[j] = pack;
@@ -232,7 +254,7 @@ __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T
   }
   if (!columns) return;
   __syncthreads();
-  store_block_partials(shared, d, [](int64_t c) { return c; }, d, partial_dw, partial_db);
+  store_block_partials(shared, sums, d, [](int64_t c) { return c; }, d, partial_dw, partial_db, partial_ds);
 }
 
 // Where column c of a row lies in a warp's slice of column sums in shared memory, for rows whose
@@ -265,7 +287,8 @@ struct SumSlice {
 // lane), one warp per row: each lane loads its vectors of dy, x and pending as raw 16-byte packs
 // before the row's sums, so one memory round trip serves the whole row, and dx is computed from
 // them in registers. With `sums` set (this warp's slice (2, 32 * V * kItems) in S, laid out as
-// SumSlice says: dy * xhat's sums, then dy's), the lane adds its columns there: in shared memory
+// SumSlice says: dy * xhat's sums, then dy's), the lane adds its columns there, and with `dx_sums`
+// set (a slice (32 * V * kItems) likewise) dx's as rounded: in shared memory
 // rather than registers, which keeps the registers for the loads in flight (with the sums in
 // registers as well, GPT-2's rows spilled and took 30-33 us at 8192 rows on an H200, against 21-24
 // us now). The rows are strided over `blocks` blocks, this one being `block`.
@@ -273,8 +296,8 @@ template <typename T, int V, int kItems>
 __device__ __forceinline__ void backward_short_rows(
     const T* __restrict__ grad_out, const T* __restrict__ x, const T* __restrict__ weight,
     const stat_t<acc_t<T>>* __restrict__ mean, const stat_t<acc_t<T>>* __restrict__ rstd,
-    const T* __restrict__ pending, T* __restrict__ grad_x, stat_t<acc_t<T>>* sums, int64_t rows, int64_t d,
-    int64_t block, int64_t blocks) {
+    const T* __restrict__ pending, T* __restrict__ grad_x, stat_t<acc_t<T>>* sums, stat_t<acc_t<T>>* dx_sums,
+    int64_t rows, int64_t d, int64_t block, int64_t blocks) {
   using S = stat_t<acc_t<T>>;
   using Slice = SumSlice<S, V>;
   constexpr int64_t kSlice = 32 * V * kItems;
@@ -284,8 +307,11 @@ __device__ __forceinline__ void backward_short_rows(
   auto owned = [&](int i) { return lane + 32 * i < vectors; };  // this lane's i-th vector exists
   if (sums) {
     for (int64_t o = lane; o < 2 * kSlice; o += 32) sums[o] = S(0);
-    __syncwarp();
   }
+  if (dx_sums) {
+    for (int64_t o = lane; o < kSlice; o += 32) dx_sums[o] = S(0);
+  }
+  __syncwarp();
   auto value = [](T v) { return static_cast<S>(to_acc(v)); };
   for (int64_t row = block * warps + threadIdx.y; row < rows; row += blocks * warps) {
     const S mu = mean[row], rs = rstd[row];
@@ -330,35 +356,44 @@ __device__ __forceinline__ void backward_short_rows(
         Slice::accumulate(sums, i, lane, dw);
         Slice::accumulate(sums + kSlice, i, lane, db);
       }
+      if (dx_sums) {
+        S ds[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) ds[k] = value(pack.v[k]);
+        Slice::accumulate(dx_sums, i, lane, ds);
+      }
     }
   }
 }
 
 // Short-row backward blocks resident per SM: 128 registers per thread (no spills in 16 bits at
-// three vectors per lane) and up to 48 KiB of sums per block.
+// three vectors per lane) and up to 48 KiB of sums per block (72 KiB with dx's sums).
 constexpr int kShortRowBlocksPerSm = 2;
 
-// Short rows with their column sums: each warp's sums in its slice of shared (warps, 2, 32 * V *
-// kItems), then the block adds its warps' slices in warp order into row blockIdx.x of partial_dw
-// and partial_db (gridDim.x, D). Without partial_dw, dx alone.
+// Short rows with their column sums: each warp's sums in its slice of shared (warps, sums, 32 *
+// V * kItems), then the block adds its warps' slices in warp order into row blockIdx.x of
+// partial_dw, partial_db and partial_ds when set (gridDim.x, D). Without partial_dw, dx alone.
 template <typename T, int V, int kItems>
 __global__ void __launch_bounds__(kMaxBackwardWarps * 32, kShortRowBlocksPerSm)
     layer_norm_backward_short_rows(const T* __restrict__ grad_out, const T* __restrict__ x,
                                    const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
                                    const stat_t<acc_t<T>>* __restrict__ rstd, const T* __restrict__ pending,
                                    T* __restrict__ grad_x, stat_t<acc_t<T>>* __restrict__ partial_dw,
-                                   stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d) {
+                                   stat_t<acc_t<T>>* __restrict__ partial_db,
+                                   stat_t<acc_t<T>>* __restrict__ partial_ds, int64_t rows, int64_t d) {
   using S = stat_t<acc_t<T>>;
   constexpr int64_t kSlice = 32 * V * kItems;
   extern __shared__ unsigned char shared_raw[];
-  S* shared = reinterpret_cast<S*>(shared_raw);  // (warps, 2, kSlice) when partial_dw is set
-  S* sums = partial_dw ? shared + static_cast<int64_t>(threadIdx.y) * 2 * kSlice : nullptr;
-  backward_short_rows<T, V, kItems>(grad_out, x, weight, mean, rstd, pending, grad_x, sums, rows, d, blockIdx.x,
-                                    gridDim.x);
+  const int sums_per_warp = column_sums(partial_ds);
+  S* shared = reinterpret_cast<S*>(shared_raw);  // (warps, sums_per_warp, kSlice) when partial_dw is set
+  S* sums = partial_dw ? shared + static_cast<int64_t>(threadIdx.y) * sums_per_warp * kSlice : nullptr;
+  S* dx_sums = partial_ds ? sums + 2 * kSlice : nullptr;
+  backward_short_rows<T, V, kItems>(grad_out, x, weight, mean, rstd, pending, grad_x, sums, dx_sums, rows, d,
+                                    blockIdx.x, gridDim.x);
   if (!partial_dw) return;
   __syncthreads();
-  store_block_partials(shared, kSlice, [](int64_t c) { return SumSlice<S, V>::offset(c); }, d, partial_dw,
-                       partial_db);
+  store_block_partials(shared, sums_per_warp, kSlice, [](int64_t c) { return SumSlice<S, V>::offset(c); }, d,
+                       partial_dw, partial_db, partial_ds);
 }
 
 // Few rows (at most kFewRows), in one launch of (32, warps) blocks: the first row_blocks compute
@@ -367,6 +402,9 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32, kShortRowBlocksPerSm)
 // grad_bias (either may be null) directly. No partial rows and no second kernel: at GPT-2's 128
 // rows (B 1, T 128) the step's layer norms are bound by launches and latency, not by bytes. At
 // 256 rows the column blocks' longer loops made the step slower than the two kernels (one H200).
+// With partial_ds set, the row blocks also sum their rows' dx per column (in shared slices of
+// (warps, 32 * V * kItems)) into row blockIdx.x of partial_ds (row_blocks, D), for a second kernel
+// to add: the column blocks cannot wait for the row blocks' dx.
 constexpr int64_t kFewRows = 128;
 template <typename T, int V, int kItems>
 __global__ void __launch_bounds__(kMaxBackwardWarps * 32)
@@ -374,11 +412,20 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32)
                                  const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
                                  const stat_t<acc_t<T>>* __restrict__ rstd, const T* __restrict__ pending,
                                  T* __restrict__ grad_x, T* __restrict__ grad_weight, T* __restrict__ grad_bias,
-                                 int64_t rows, int64_t d, unsigned row_blocks) {
+                                 stat_t<acc_t<T>>* __restrict__ partial_ds, int64_t rows, int64_t d,
+                                 unsigned row_blocks) {
   using S = stat_t<acc_t<T>>;
   if (blockIdx.x < row_blocks) {
-    backward_short_rows<T, V, kItems>(grad_out, x, weight, mean, rstd, pending, grad_x, nullptr, rows, d, blockIdx.x,
-                                      row_blocks);
+    constexpr int64_t kSlice = 32 * V * kItems;
+    extern __shared__ unsigned char shared_raw[];
+    S* shared = reinterpret_cast<S*>(shared_raw);  // (warps, kSlice) when partial_ds is set
+    S* dx_sums = partial_ds ? shared + static_cast<int64_t>(threadIdx.y) * kSlice : nullptr;
+    backward_short_rows<T, V, kItems>(grad_out, x, weight, mean, rstd, pending, grad_x, nullptr, dx_sums, rows, d,
+                                      blockIdx.x, row_blocks);
+    if (!partial_ds) return;
+    __syncthreads();
+    store_block_partials(shared, 1, kSlice, [](int64_t c) { return SumSlice<S, V>::offset(c); }, d, partial_ds,
+                         static_cast<S*>(nullptr), static_cast<S*>(nullptr));
     return;
   }
   __shared__ S sums[2][kMaxBackwardWarps][32];  // (weight/bias, warp, column)
@@ -402,55 +449,64 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32)
   out[c] = cast_to<T>(total);
 }
 
-// Column sums for rows too wide for shared memory: block (32, 8) covers 32 columns; blockIdx.y
-// picks a chunk of rows; partial_dw, partial_db (gridDim.y, D).
+// Column sums for rows too wide for shared memory, after dx is written: block (32, 8) covers 32
+// columns; blockIdx.y picks a chunk of rows; partial_dw, partial_db and, when set, partial_ds
+// (the sums of grad_x) (gridDim.y, D).
 constexpr int kColumnRows = 8;
 template <typename T>
 __global__ void layer_norm_column_partials(const T* __restrict__ grad_out, const T* __restrict__ x,
+                                           const T* __restrict__ grad_x,
                                            const stat_t<acc_t<T>>* __restrict__ mean,
                                            const stat_t<acc_t<T>>* __restrict__ rstd,
                                            stat_t<acc_t<T>>* __restrict__ partial_dw,
-                                           stat_t<acc_t<T>>* __restrict__ partial_db, int64_t rows, int64_t d,
+                                           stat_t<acc_t<T>>* __restrict__ partial_db,
+                                           stat_t<acc_t<T>>* __restrict__ partial_ds, int64_t rows, int64_t d,
                                            int64_t rows_per_chunk) {
   using S = stat_t<acc_t<T>>;
-  __shared__ S shared[2][kColumnRows][32];
+  __shared__ S shared[3][kColumnRows][32];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
-  S dw = 0, db = 0;
+  S dw = 0, db = 0, ds = 0;
   if (c < d) {
     for (int64_t r = begin + threadIdx.y; r < end; r += kColumnRows) {
       const S g = static_cast<S>(to_acc(grad_out[r * d + c]));
       dw += g * (static_cast<S>(to_acc(x[r * d + c])) - mean[r]) * rstd[r];
       db += g;
+      if (partial_ds) ds += static_cast<S>(to_acc(grad_x[r * d + c]));
     }
   }
   shared[0][threadIdx.y][threadIdx.x] = dw;
   shared[1][threadIdx.y][threadIdx.x] = db;
+  shared[2][threadIdx.y][threadIdx.x] = ds;
   __syncthreads();
   if (threadIdx.y != 0 || c >= d) return;
   for (int i = 1; i < kColumnRows; ++i) {
     dw += shared[0][i][threadIdx.x];
     db += shared[1][i][threadIdx.x];
+    ds += shared[2][i][threadIdx.x];
   }
   partial_dw[static_cast<int64_t>(blockIdx.y) * d + c] = dw;
   partial_db[static_cast<int64_t>(blockIdx.y) * d + c] = db;
+  if (partial_ds) partial_ds[static_cast<int64_t>(blockIdx.y) * d + c] = ds;
 }
 
-// grad_weight (D,) = the sum of partial_dw's rows (parts, D), and grad_bias from partial_db the
-// same way; blockIdx.y picks which (one launch for both), a null output is skipped. Block (32, 16):
+// grad_weight (D,) = the sum of partial_dw's rows (parts, D), and grad_bias from partial_db and
+// grad_x_sum from partial_ds the same way; blockIdx.y picks which (one launch for all), a null
+// output is skipped. Block (32, 16):
 // 32 columns, 16 threads each adding every 16th row in row order (unrolled, so that several loads
 // are in flight: the sums are bound by load latency), then combined in thread order. A fixed order.
 constexpr int kReduceRows = 16;
 template <typename T>
 __global__ void layer_norm_reduce_partials(const stat_t<acc_t<T>>* __restrict__ partial_dw,
                                            const stat_t<acc_t<T>>* __restrict__ partial_db,
-                                           T* __restrict__ grad_weight, T* __restrict__ grad_bias, int64_t parts,
-                                           int64_t d) {
+                                           const stat_t<acc_t<T>>* __restrict__ partial_ds,
+                                           T* __restrict__ grad_weight, T* __restrict__ grad_bias,
+                                           T* __restrict__ grad_x_sum, int64_t parts, int64_t d) {
   using S = stat_t<acc_t<T>>;
   __shared__ S shared[kReduceRows][32];
-  const S* partial = blockIdx.y == 0 ? partial_dw : partial_db;  // (parts, D)
-  T* out = blockIdx.y == 0 ? grad_weight : grad_bias;            // (D,)
+  const S* partial = blockIdx.y == 0 ? partial_dw : blockIdx.y == 1 ? partial_db : partial_ds;  // (parts, D)
+  T* out = blockIdx.y == 0 ? grad_weight : blockIdx.y == 1 ? grad_bias : grad_x_sum;            // (D,)
   if (out == nullptr) return;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   S sum = 0;
@@ -468,24 +524,28 @@ __global__ void layer_norm_reduce_partials(const stat_t<acc_t<T>>* __restrict__ 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <typename T, int V>
-void launch_forward(const T* x, const T* r, const T* w, const T* b, T* sum, T* out, stat_t<acc_t<T>>* mean,
+void launch_forward(const T* x, const T* r, const T* rb, const T* w, const T* b, T* sum, T* out, stat_t<acc_t<T>>* mean,
                     stat_t<acc_t<T>>* rstd, int64_t rows, int64_t d, double eps, cudaStream_t stream) {
   const dim3 block(32, kForwardWarps);
   const unsigned grid = static_cast<unsigned>((rows + kForwardWarps - 1) / kForwardWarps);
   const int64_t per_item = 32 * V;
   if (d <= 4 * per_item) {
-    layer_norm_forward_rows<T, V, 4><<<grid, block, 0, stream>>>(x, r, w, b, sum, out, mean, rstd, rows, d, eps);
+    layer_norm_forward_rows<T, V, 4><<<grid, block, 0, stream>>>(x, r, rb, w, b, sum, out, mean, rstd, rows, d,
+                                                                        eps);
   } else if (d <= 8 * per_item) {
-    layer_norm_forward_rows<T, V, 8><<<grid, block, 0, stream>>>(x, r, w, b, sum, out, mean, rstd, rows, d, eps);
+    layer_norm_forward_rows<T, V, 8><<<grid, block, 0, stream>>>(x, r, rb, w, b, sum, out, mean, rstd, rows, d,
+                                                                        eps);
   } else {
-    layer_norm_forward_rows<T, V, 0><<<grid, block, 0, stream>>>(x, r, w, b, sum, out, mean, rstd, rows, d, eps);
+    layer_norm_forward_rows<T, V, 0><<<grid, block, 0, stream>>>(x, r, rb, w, b, sum, out, mean, rstd, rows, d,
+                                                                        eps);
   }
 }
 
-// residual and sum: both (rows, D), or both undefined.
+// residual and sum: both (rows, D), or both undefined; residual_bias (D,) or undefined.
 template <typename T>
-void forward_typed(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias, const Tensor& sum,
-                   const Tensor& out, const Tensor& mean, const Tensor& rstd, double eps) {
+void forward_typed(const Tensor& x, const Tensor& residual, const Tensor& residual_bias, const Tensor& weight,
+                   const Tensor& bias, const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                   double eps) {
   using S = stat_t<acc_t<T>>;
   const int64_t rows = x.shape()[0], d = x.shape()[1];
   NvtxRange range(residual.defined() ? "add_layer_norm" : "layer_norm");
@@ -493,6 +553,7 @@ void forward_typed(const Tensor& x, const Tensor& residual, const Tensor& weight
   cudaStream_t stream = stream_of(x);
   const T* px = device_ptr<const T>(x);                                            // (rows, D)
   const T* prr = residual.defined() ? device_ptr<const T>(residual) : nullptr;     // (rows, D)
+  const T* prb = residual_bias.defined() ? device_ptr<const T>(residual_bias) : nullptr;  // (D,)
   const T* pw = weight.defined() ? device_ptr<const T>(weight) : nullptr;          // (D,)
   const T* pb = bias.defined() ? device_ptr<const T>(bias) : nullptr;              // (D,)
   T* ps = sum.defined() ? device_ptr<T>(sum) : nullptr;                            // (rows, D)
@@ -501,18 +562,19 @@ void forward_typed(const Tensor& x, const Tensor& residual, const Tensor& weight
   S* pr = device_ptr<S>(rstd);                                                     // (rows,)
   constexpr int V = 16 / sizeof(T);
   const bool vectorised = d % V == 0 && aligned16(px) && aligned16(po) && (!pw || aligned16(pw)) &&
-                          (!pb || aligned16(pb)) && (!prr || aligned16(prr)) && (!ps || aligned16(ps));
+                          (!pb || aligned16(pb)) && (!prr || aligned16(prr)) && (!prb || aligned16(prb)) &&
+                          (!ps || aligned16(ps));
   if (vectorised)
-    launch_forward<T, V>(px, prr, pw, pb, ps, po, pm, pr, rows, d, eps, stream);
+    launch_forward<T, V>(px, prr, prb, pw, pb, ps, po, pm, pr, rows, d, eps, stream);
   else
-    launch_forward<T, 1>(px, prr, pw, pb, ps, po, pm, pr, rows, d, eps, stream);
+    launch_forward<T, 1>(px, prr, prb, pw, pb, ps, po, pm, pr, rows, d, eps, stream);
   check_launch(residual.defined() ? "add_layer_norm" : "layer_norm");
 }
 
 template <typename T>
 void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
                     const Tensor& rstd, const Tensor& pending, const Tensor& grad_x, const Tensor& grad_weight,
-                    const Tensor& grad_bias) {
+                    const Tensor& grad_bias, const Tensor& grad_x_sum) {
   using S = stat_t<acc_t<T>>;
   const int64_t rows = x.shape()[0], d = x.shape()[1];
   NvtxRange range("layer_norm_backward");
@@ -526,13 +588,32 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   const S* pr = device_ptr<const S>(rstd);                                 // (rows,)
   const T* pp = pending.defined() ? device_ptr<const T>(pending) : nullptr;  // (rows, D)
   T* pdx = device_ptr<T>(grad_x);                                          // (rows, D)
-  const bool columns = grad_weight.defined() || grad_bias.defined();
-  // grad_weight and grad_bias from the blocks' partial column sums (parts, D).
-  auto reduce_partials = [&](const S* pdw, const S* pdb, int64_t parts) {
-    const dim3 reduce_grid(static_cast<unsigned>((d + 31) / 32), 2);  // y: weight, bias
+  // The column sums: the weight's and bias's gradients, and dx's sums (grad_x_sum) when wanted.
+  const bool x_sum = grad_x_sum.defined();
+  const bool columns = grad_weight.defined() || grad_bias.defined() || x_sum;
+  const int sums = x_sum ? 3 : 2;
+  // The blocks' partial column sums, (parts, D) each in S: dy * xhat's, dy's, and dx's with x_sum.
+  struct Partials {
+    Tensor dw, db, ds;
+    S* ptr(const Tensor& t) const { return t.defined() ? device_ptr<S>(t) : nullptr; }
+  };
+  auto make_partials = [&](int64_t parts) {
+    Partials p;
+    if (!columns) return p;
+    TensorOptions o(mean.dtype(), x.device());
+    p.dw = empty({parts, d}, o);
+    p.db = empty({parts, d}, o);
+    if (x_sum) p.ds = empty({parts, d}, o);
+    return p;
+  };
+  // grad_weight, grad_bias and grad_x_sum from the blocks' partial column sums (with dx_only,
+  // grad_x_sum alone).
+  auto reduce_partials = [&](const Partials& p, int64_t parts, bool dx_only = false) {
+    const dim3 reduce_grid(static_cast<unsigned>((d + 31) / 32), static_cast<unsigned>(sums));  // y: which sum
+    T* out_w = !dx_only && grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr;
+    T* out_b = !dx_only && grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr;
     layer_norm_reduce_partials<T><<<reduce_grid, dim3(32, kReduceRows), 0, stream>>>(
-        pdw, pdb, grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr,
-        grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr, parts, d);
+        p.ptr(p.dw), p.ptr(p.db), p.ptr(p.ds), out_w, out_b, x_sum ? device_ptr<T>(grad_x_sum) : nullptr, parts, d);
     check_launch("layer_norm_backward (partial sums)");
   };
 
@@ -544,13 +625,24 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
     const dim3 few_block(32, kMaxBackwardWarps);
     const unsigned row_blocks = static_cast<unsigned>((rows + kMaxBackwardWarps - 1) / kMaxBackwardWarps);
     const unsigned column_blocks = static_cast<unsigned>((d + 31) / 32);
-    auto kernel = d <= per_item       ? layer_norm_backward_few_rows<T, V, 1>
-                  : d <= 2 * per_item ? layer_norm_backward_few_rows<T, V, 2>
-                                      : layer_norm_backward_few_rows<T, V, 3>;
-    kernel<<<row_blocks + column_blocks, few_block, 0, stream>>>(
+    const int items = d <= per_item ? 1 : d <= 2 * per_item ? 2 : 3;
+    auto kernel = items == 1   ? layer_norm_backward_few_rows<T, V, 1>
+                  : items == 2 ? layer_norm_backward_few_rows<T, V, 2>
+                               : layer_norm_backward_few_rows<T, V, 3>;
+    // dx's column sums: the row blocks' partial rows (row_blocks, D), in S, then their sum.
+    Tensor partial_ds = x_sum ? empty({static_cast<int64_t>(row_blocks), d}, TensorOptions(mean.dtype(), x.device()))
+                              : Tensor();
+    const size_t shared = x_sum ? kMaxBackwardWarps * static_cast<size_t>(32 * V * items) * sizeof(S) : 0;
+    kernel<<<row_blocks + column_blocks, few_block, shared, stream>>>(
         pg, px, pw, pm, pr, pp, pdx, grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr,
-        grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr, rows, d, row_blocks);
+        grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr, x_sum ? device_ptr<S>(partial_ds) : nullptr, rows,
+        d, row_blocks);
     check_launch("layer_norm_backward (few rows)");
+    if (x_sum) {
+      Partials only_dx;  // the weight's and bias's sums are written above
+      only_dx.ds = partial_ds;
+      reduce_partials(only_dx, row_blocks, /*dx_only=*/true);
+    }
     return;
   }
 
@@ -563,88 +655,83 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
                                : layer_norm_backward_short_rows<T, V, 3>;
     const dim3 block(32, kMaxBackwardWarps);
     static_assert(kMaxBackwardWarps * 2 * 32 * V * 3 * sizeof(S) <= kSharedBudget,
-                  "the short-row backward's sums fit in shared memory without opting in");
-    const size_t shared = columns ? kMaxBackwardWarps * 2 * static_cast<size_t>(32 * V * items) * sizeof(S) : 0;
+                  "the short-row backward's two sums fit in shared memory without opting in");
+    const size_t shared = columns ? kMaxBackwardWarps * sums * static_cast<size_t>(32 * V * items) * sizeof(S) : 0;
+    if (shared > kSharedBudget) {  // dx's sums as well: 72 KiB, two blocks still fit on an SM
+      TANDEM_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+    }
     const int64_t wanted = (rows + kMaxBackwardWarps - 1) / kMaxBackwardWarps;
     const unsigned grid = static_cast<unsigned>(
         std::min<int64_t>(wanted, static_cast<int64_t>(kShortRowBlocksPerSm) * multiprocessors(device)));
-    Tensor partial_dw, partial_db;  // (grid, D) f32 (f64 for f64)
-    if (columns) {
-      TensorOptions o(mean.dtype(), x.device());
-      partial_dw = empty({static_cast<int64_t>(grid), d}, o);
-      partial_db = empty({static_cast<int64_t>(grid), d}, o);
-    }
-    S* pdw = columns ? device_ptr<S>(partial_dw) : nullptr;
-    S* pdb = columns ? device_ptr<S>(partial_db) : nullptr;
-    kernel<<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, pdw, pdb, rows, d);
+    const Partials partials = make_partials(grid);  // (grid, D) each
+    kernel<<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, partials.ptr(partials.dw),
+                                            partials.ptr(partials.db), partials.ptr(partials.ds), rows, d);
     check_launch("layer_norm_backward");
-    if (columns) reduce_partials(pdw, pdb, grid);
+    if (columns) reduce_partials(partials, grid);
     return;
   }
 
   // Longer rows, or rows not in 16-byte vectors: one warp per row, the column sums in each warp's
-  // shared slice (2 * D values) where up to 8 warps' slices fit, else in a second pass.
-  const size_t slice = 2 * static_cast<size_t>(d) * sizeof(S);
+  // shared slice (sums * D values) where up to 8 warps' slices fit, else in a second pass.
+  const size_t slice = sums * static_cast<size_t>(d) * sizeof(S);
   int warps = kMaxBackwardWarps;
   while (columns && warps > 1 && warps * slice > kSharedBudget) warps /= 2;
   const bool in_shared = columns && warps * slice <= kSharedBudget;
   const int64_t wanted = (rows + warps - 1) / warps;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(wanted, 4LL * multiprocessors(device)));
-  Tensor partial_dw, partial_db;  // (parts, D) f32 (f64 for f64)
-  int64_t parts = 0;
-  if (columns) {
-    parts = in_shared ? grid : std::min<int64_t>((rows + 63) / 64, 1024);
-    TensorOptions o(mean.dtype(), x.device());
-    partial_dw = empty({parts, d}, o);
-    partial_db = empty({parts, d}, o);
-  }
-  S* pdw = columns ? device_ptr<S>(partial_dw) : nullptr;
-  S* pdb = columns ? device_ptr<S>(partial_db) : nullptr;
+  const int64_t parts = !columns ? 0 : in_shared ? grid : std::min<int64_t>((rows + 63) / 64, 1024);
+  const Partials partials = make_partials(parts);  // (parts, D) each
+  S* pdw = partials.ptr(partials.dw);
+  S* pdb = partials.ptr(partials.db);
+  S* pds = partials.ptr(partials.ds);
 
   const dim3 block(32, warps);
   const size_t shared = in_shared ? warps * slice : 0;
   S* shared_dw = in_shared ? pdw : nullptr;
   S* shared_db = in_shared ? pdb : nullptr;
+  S* shared_ds = in_shared ? pds : nullptr;
   if (vectorised) {
     layer_norm_backward_rows<T, V>
-        <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, shared_dw, shared_db, rows, d);
+        <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, shared_dw, shared_db, shared_ds, rows, d);
   } else {
     layer_norm_backward_rows<T, 1>
-        <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, shared_dw, shared_db, rows, d);
+        <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, shared_dw, shared_db, shared_ds, rows, d);
   }
   check_launch("layer_norm_backward");
   if (!columns) return;
   if (!in_shared) {
     const int64_t per_chunk = (rows + parts - 1) / parts;
     const dim3 column_grid(static_cast<unsigned>((d + 31) / 32), static_cast<unsigned>(parts));
-    layer_norm_column_partials<T>
-        <<<column_grid, dim3(32, kColumnRows), 0, stream>>>(pg, px, pm, pr, pdw, pdb, rows, d, per_chunk);
+    layer_norm_column_partials<T><<<column_grid, dim3(32, kColumnRows), 0, stream>>>(pg, px, pdx, pm, pr, pdw, pdb,
+                                                                                    pds, rows, d, per_chunk);
     check_launch("layer_norm_backward (column sums)");
   }
-  reduce_partials(pdw, pdb, parts);
+  reduce_partials(partials, parts);
 }
 }  // namespace
 
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
                         const Tensor& mean, const Tensor& rstd, double eps) {
   dispatch_floating(x.dtype(), "layer_norm", "cuda", [&](auto tag) {
-    forward_typed<device_t<decltype(tag)>>(x, Tensor(), weight, bias, Tensor(), out, mean, rstd, eps);
+    forward_typed<device_t<decltype(tag)>>(x, Tensor(), Tensor(), weight, bias, Tensor(), out, mean, rstd, eps);
   });
 }
 
-void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
-                            const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd, double eps) {
+void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& residual_bias, const Tensor& weight,
+                            const Tensor& bias, const Tensor& sum, const Tensor& out, const Tensor& mean,
+                            const Tensor& rstd, double eps) {
   dispatch_floating(x.dtype(), "add_layer_norm", "cuda", [&](auto tag) {
-    forward_typed<device_t<decltype(tag)>>(x, residual, weight, bias, sum, out, mean, rstd, eps);
+    forward_typed<device_t<decltype(tag)>>(x, residual, residual_bias, weight, bias, sum, out, mean, rstd, eps);
   });
 }
 
 void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& rstd, const Tensor& pending, const Tensor& grad_x, const Tensor& grad_weight,
-                         const Tensor& grad_bias) {
+                         const Tensor& grad_bias, const Tensor& grad_x_column_sum) {
   dispatch_floating(x.dtype(), "layer_norm_backward", "cuda", [&](auto tag) {
-    backward_typed<device_t<decltype(tag)>>(grad_out, x, weight, mean, rstd, pending, grad_x, grad_weight,
-                                            grad_bias);
+    backward_typed<device_t<decltype(tag)>>(grad_out, x, weight, mean, rstd, pending, grad_x, grad_weight, grad_bias,
+                                            grad_x_column_sum);
   });
 }
 

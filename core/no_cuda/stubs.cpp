@@ -152,11 +152,11 @@ void layer_norm_forward(const Tensor&, const Tensor&, const Tensor&, const Tenso
   no_cuda("layer_norm_forward");
 }
 void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const Tensor&, const Tensor&) {
+                         const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   no_cuda("layer_norm_backward");
 }
 void add_layer_norm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                            const Tensor&, const Tensor&, double) {
+                            const Tensor&, const Tensor&, const Tensor&, double) {
   no_cuda("add_layer_norm_forward");
 }
 bool linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Activation) {

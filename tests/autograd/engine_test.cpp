@@ -23,11 +23,13 @@ TEST(Engine, SumsGradientsOfATensorUsedTwice) {
   EXPECT_TRUE(all_close(w.grad(), add(mul(w, 2.0), 1.0)));
 }
 
-// A node that can fold: records what the engine handed it, returns pending + 3 g for its input.
-Tensor triple_folding(const Tensor& x, std::vector<Tensor>* seen) {
+// A node that can fold: records what the engine handed it (and, with `finals`, whether its
+// gradient for x is x's last), returns pending + 3 g for its input.
+Tensor triple_folding(const Tensor& x, std::vector<Tensor>* seen, std::vector<bool>* finals = nullptr) {
   return autograd::record(mul(x.detach(), 3.0), "triple", {x},
-                          [seen](const Tensor& g, const Tensor& pending) -> std::vector<Tensor> {
+                          [seen, finals](const Tensor& g, const Tensor& pending) -> std::vector<Tensor> {
                             seen->push_back(pending);
+                            if (finals) finals->push_back(autograd::first_input_gradient_is_final());
                             Tensor grad = mul(g, 3.0);
                             return {pending.defined() ? add(grad, pending) : grad};
                           });
@@ -56,6 +58,33 @@ TEST(Engine, ANodeThatRunsFirstHasNothingToFold) {
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_FALSE(seen[0].defined());
   EXPECT_TRUE(all_close(w.grad(), mul(exp(w.detach()), 5.0)));
+}
+
+// What add_layer_norm's residual bias relies on: a node learns whether the gradient it returns for
+// its first input (with what it folded) is all that input gets.
+TEST(Engine, SaysWhetherANodeGivesItsFirstInputItsLastGradient) {
+  EXPECT_FALSE(autograd::first_input_gradient_is_final());  // outside a backward
+  std::vector<Tensor> seen;
+  std::vector<bool> finals;
+  Tensor w = testing::random_leaf({4});
+  {  // the only use
+    Tensor x = exp(w);
+    sum(triple_folding(x, &seen, &finals)).backward();
+  }
+  {  // the other use ran first and was folded in
+    Tensor x = exp(w);
+    Tensor folded = triple_folding(x, &seen, &finals);
+    Tensor other = mul(x, 2.0);
+    sum(add(folded, other)).backward();
+  }
+  {  // the other use runs after: not the last gradient
+    Tensor x = exp(w);
+    Tensor other = mul(x, 2.0);
+    Tensor folded = triple_folding(x, &seen, &finals);
+    sum(add(folded, other)).backward();
+  }
+  EXPECT_EQ(finals, (std::vector<bool>{true, true, false}));
+  EXPECT_FALSE(autograd::first_input_gradient_is_final());
 }
 
 TEST(Engine, ExplicitGradientForNonScalarOutput) {

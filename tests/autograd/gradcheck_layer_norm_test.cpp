@@ -144,6 +144,82 @@ TEST(GradcheckAddLayerNorm, BothOutputsCarryGradients) {
       (Inputs{x, residual}));
 }
 
+// With the residual bias of the linear layer before it (added into the sum): the bias's gradient,
+// the sum's gradient summed over rows, comes from layer norm's backward when the norm reaches the
+// loss, and from the add's node when only the sum does.
+TEST(GradcheckAddLayerNorm, ResidualBias) {
+  using testing::Inputs;
+  auto x = nonzero_leaf({3, 2, 5}), residual = nonzero_leaf({3, 2, 5});
+  auto w = nonzero_leaf({5}), b = nonzero_leaf({5}), rb = nonzero_leaf({5});
+  Tensor a = testing::random_tensor({3, 2, 5}), c = testing::random_tensor({3, 2, 5});
+  EXPECT_GRADCHECK(
+      [a, c](const Inputs& v) {
+        auto [s, n] = add_layer_norm(v[0], v[1], {5}, v[2], v[3], 1e-5, v[4]);
+        return add(sum(mul(n, a)), sum(mul(s, c)));
+      },
+      (Inputs{x, residual, w, b, rb}));
+  EXPECT_GRADCHECK(
+      [a](const Inputs& v) { return sum(mul(add_layer_norm(v[0], v[1], {5}, v[2], v[3], 1e-5, v[4]).second, a)); },
+      (Inputs{x, residual, w, b, rb}));
+  EXPECT_GRADCHECK(
+      [c, w = w.detach(), b = b.detach()](const Inputs& v) {
+        return sum(mul(add_layer_norm(v[0], v[1], {5}, w, b, 1e-5, v[2]).first, c));
+      },
+      (Inputs{x, residual, rb}));
+  // Two normalised dims, no weight or bias.
+  auto rb2 = nonzero_leaf({2, 5});
+  EXPECT_GRADCHECK(
+      [a, c](const Inputs& v) {
+        auto [s, n] = add_layer_norm(v[0], v[1], {2, 5}, Tensor(), Tensor(), 1e-5, v[2]);
+        return add(sum(mul(n, a)), sum(mul(s, c)));
+      },
+      (Inputs{x, residual, rb2}));
+  // A second backward through the retained graph gives the same gradient again.
+  for (const Tensor& t : {x, residual, w, b, rb}) t.set_grad(Tensor());
+  auto [s, n] = add_layer_norm(x, residual, {5}, w, b, 1e-5, rb);
+  Tensor loss = add(sum(mul(n, a)), sum(mul(s, c)));
+  loss.backward(Tensor(), /*retain_graph=*/true);
+  Tensor first = rb.grad().clone();
+  rb.set_grad(Tensor());
+  loss.backward();
+  EXPECT_TRUE(testing::all_close(rb.grad(), first, 0.0, 0.0));
+}
+
+TEST(AddLayerNorm, ResidualBiasEqualsTheAddsThenLayerNorm) {
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor x = to(testing::random_tensor({4, 7}), dtype), residual = to(testing::random_tensor({4, 7}), dtype);
+    Tensor w = to(testing::random_tensor({7}), dtype), b = to(testing::random_tensor({7}), dtype);
+    Tensor rb = to(testing::random_tensor({7}), dtype);
+    auto [s, n] = add_layer_norm(x, residual, {7}, w, b, 1e-5, rb);
+    Tensor expected_sum = add(x, add(residual, rb));
+    EXPECT_TRUE(testing::all_close(s, expected_sum, 0.0, 0.0));
+    EXPECT_TRUE(testing::all_close(n, layer_norm(expected_sum, {7}, w, b, 1e-5), 0.0, 0.0));
+  }
+  Tensor x = testing::random_tensor({4, 7});
+  EXPECT_TRUE(testing::throws_with<ValueError>(
+      [&] { add_layer_norm(x, x, {7}, Tensor(), Tensor(), 1e-5, testing::random_tensor({6})); },
+      {"add_layer_norm", "residual_bias", "[7]", "[6]"}));
+}
+
+TEST(LayerNorm, BackwardSumsTheInputGradientPerColumn) {
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor x = to(testing::random_uniform({9, 12}, -2.0, 2.0), dtype);
+    Tensor g = to(testing::random_uniform({9, 12}, -1.0, 1.0), dtype);
+    Tensor pending = to(testing::random_uniform({9, 12}, -1.0, 1.0), dtype);
+    Tensor w = to(testing::random_uniform({12}, 0.5, 1.5), dtype);
+    kernels::LayerNormForward f = kernels::layer_norm_forward(x, w, Tensor(), 1e-5);
+    kernels::LayerNormGrads plain = kernels::layer_norm_backward(g, x, w, f.mean, f.rstd, true, pending);
+    kernels::LayerNormGrads summed = kernels::layer_norm_backward(g, x, w, f.mean, f.rstd, true, pending, true);
+    EXPECT_FALSE(plain.x_column_sum.defined());
+    EXPECT_TRUE(testing::all_close(summed.x, plain.x, 0.0, 0.0));
+    EXPECT_TRUE(testing::all_close(summed.weight, plain.weight, 0.0, 0.0));
+    const double tol = dtype == DType::bf16 ? 1e-2 : dtype == DType::f32 ? 1e-6 : 1e-12;
+    EXPECT_TRUE(testing::all_close(to(summed.x_column_sum, DType::f64), sum(to(summed.x, DType::f64), {0}), tol, tol));
+  }
+}
+
 TEST(AddLayerNorm, EqualsAddThenLayerNorm) {
   Tensor x = testing::random_tensor({4, 7}), residual = testing::random_tensor({4, 7});
   Tensor w = testing::random_tensor({7}), b = testing::random_tensor({7});

@@ -118,5 +118,45 @@ TEST(LayerNormParity, ParameterGradientsAreTheSameEveryRun) {
   }
 }
 
+// The backward's column sums of dx (add_layer_norm's residual-bias gradient): the same dx bits as
+// without them, the sums equal to dx's own rows added in f64, and the same bits every run. Few
+// rows (the one-launch path, its row blocks' partial sums then added), many rows in 16-byte
+// vectors, rows in shared slices, rows too wide for them (summed again from dx), scalar rows.
+TEST(LayerNormParity, ColumnSumsOfTheInputGradient) {
+  TANDEM_REQUIRE_CUDA();
+  cuda::set_poison_allocations(true);
+  struct Case {
+    DType dtype;
+    int64_t rows, d;
+  };
+  for (const Case& c : {Case{DType::bf16, 64, 768}, Case{DType::f32, 100, 384}, Case{DType::f16, 128, 256},
+                        Case{DType::bf16, 5000, 768}, Case{DType::f16, 3001, 512}, Case{DType::f32, 700, 384},
+                        Case{DType::f32, 300, 1024}, Case{DType::bf16, 40, 9000}, Case{DType::f32, 33, 101},
+                        Case{DType::f64, 50, 96}}) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(c.dtype) << " rows=" << c.rows << " D=" << c.d);
+    auto fresh = [&](double low, double high) {
+      return to(to(testing::random_uniform({c.rows, c.d}, low, high, DType::f64), c.dtype), Device("cuda"));
+    };
+    Tensor x = fresh(-2.0, 2.0), g = fresh(-1.0, 1.0), pending = fresh(-0.5, 0.5);
+    Tensor w = to(to(testing::random_uniform({c.d}, 0.5, 1.5, DType::f64), c.dtype), Device("cuda"));
+    kernels::LayerNormForward f = kernels::layer_norm_forward(x, w, Tensor(), 1e-5);
+    kernels::LayerNormGrads plain = kernels::layer_norm_backward(g, x, w, f.mean, f.rstd, true, pending);
+    kernels::LayerNormGrads summed = kernels::layer_norm_backward(g, x, w, f.mean, f.rstd, true, pending, true);
+    kernels::LayerNormGrads again = kernels::layer_norm_backward(g, x, w, f.mean, f.rstd, true, pending, true);
+    ASSERT_TRUE(summed.x_column_sum.defined());
+    EXPECT_EQ(summed.x_column_sum.shape(), (Shape{c.d}));
+    EXPECT_EQ(summed.x_column_sum.dtype(), c.dtype);
+    EXPECT_TRUE(testing::all_close(on_cpu(summed.x), on_cpu(plain.x), 0, 0)) << "dx";
+    const double tol = c.dtype == DType::bf16 ? 1e-2 : c.dtype == DType::f16 ? 2e-3 : 1e-5;
+    EXPECT_TRUE(testing::all_close(on_cpu(summed.weight), on_cpu(plain.weight), tol, tol)) << "weight";
+    EXPECT_TRUE(testing::all_close(on_cpu(summed.bias), on_cpu(plain.bias), tol, tol)) << "bias";
+    Tensor expected = sum(on_cpu(summed.x), {0});  // (D,) in f64
+    EXPECT_TRUE(testing::all_close(on_cpu(summed.x_column_sum), expected, tol, tol)) << "dx's column sums";
+    EXPECT_TRUE(testing::all_close(on_cpu(again.x_column_sum), on_cpu(summed.x_column_sum), 0, 0)) << "run to run";
+  }
+  cuda::synchronize();
+  cuda::set_poison_allocations(false);
+}
+
 }  // namespace
 }  // namespace tandem
