@@ -1,7 +1,8 @@
 #pragma once
 // Elementwise launchers: out[i] = f(a[i], ...) over out's shape. Contiguous operands take a
-// vectorised path (16-byte loads); anything else (broadcast, transposed, sliced) goes through the
-// strided indexer.
+// vectorised path (16-byte loads), and so do two operands of which one repeats along leading
+// dims (a bias or a position table broadcast over rows); anything else (transposed, sliced,
+// broadcast elsewhere) goes through the strided indexer.
 #include "tandem/core/cuda/common.cuh"
 
 namespace tandem::cuda {
@@ -29,6 +30,22 @@ inline bool same_dense_layout(const Tensor& out, std::initializer_list<const Ten
     if (t->strides() != out.strides() && !(t->is_contiguous() && out.is_contiguous())) return false;
   }
   return out.is_contiguous() || layout_is_dense(out.shape(), out.strides());
+}
+
+// When out is row-major and t (expanded to out's shape) is a contiguous block repeated along
+// out's leading dims (stride 0 there, or size 1): the block's size, so that element i of t is at
+// offset i % period. 0 otherwise. A t without broadcast dims gives out.numel().
+inline int64_t repeat_period(const Tensor& t, const Tensor& out) {
+  if (!out.is_contiguous() || t.shape() != out.shape()) return 0;
+  const Shape& shape = out.shape();
+  const Strides& strides = t.strides();
+  int64_t period = 1;
+  size_t d = shape.size();
+  for (; d > 0 && (shape[d - 1] == 1 || strides[d - 1] == period); --d) period *= shape[d - 1];
+  for (size_t k = 0; k < d; ++k) {
+    if (shape[k] != 1 && strides[k] != 0) return 0;
+  }
+  return period;
 }
 
 template <int V, typename TA, typename TO, typename F>
@@ -62,6 +79,26 @@ __global__ void map2_contiguous(int64_t n, const TA* __restrict__ a, const TB* _
   }
   for (int64_t i = n_vec * V + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     out[i] = f(a[i], b[i]);
+  }
+}
+
+// a and b repeat every period_a and period_b elements (repeat_period; n for an operand that does
+// not repeat); with V > 1 both periods are whole vectors.
+template <int V, typename TA, typename TB, typename TO, typename F>
+__global__ void map2_repeating(int64_t n, const TA* __restrict__ a, int64_t period_a, const TB* __restrict__ b,
+                               int64_t period_b, TO* __restrict__ out, F f) {
+  int64_t n_vec = n / V, vectors_a = period_a / V, vectors_b = period_b / V;
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
+    Vec<TA, V> va = reinterpret_cast<const Vec<TA, V>*>(a)[i % vectors_a];
+    Vec<TB, V> vb = reinterpret_cast<const Vec<TB, V>*>(b)[i % vectors_b];
+    Vec<TO, V> vo;
+#pragma unroll
+    for (int k = 0; k < V; ++k) vo.v[k] = f(va.v[k], vb.v[k]);
+    reinterpret_cast<Vec<TO, V>*>(out)[i] = vo;
+  }
+  for (int64_t i = n_vec * V + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = f(a[i % period_a], b[i % period_b]);
   }
 }
 
@@ -134,6 +171,16 @@ void map2(const char* name, const Tensor& a, const Tensor& b, const Tensor& out,
     bool vec = aligned16(pa) && aligned16(pb) && aligned16(po);
     if (vec) map2_contiguous<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, f);
     else map2_contiguous<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, f);
+  } else if (const int64_t period_a = repeat_period(a, out), period_b = repeat_period(b, out);
+             period_a > 0 && period_b > 0) {
+    constexpr int V = vector_width<TA, TB, TO>();
+    bool vec = aligned16(pa) && aligned16(pb) && aligned16(po) && period_a % V == 0 && period_b % V == 0;
+    if (vec) {
+      map2_repeating<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, period_a, pb,
+                                                                                           period_b, po, f);
+    } else {
+      map2_repeating<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, period_a, pb, period_b, po, f);
+    }
   } else {
     Indexer<3> idx = make_indexer<3>(out.shape(), {&a, &b, &out});
     map2_strided<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, idx, f);
