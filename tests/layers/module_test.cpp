@@ -124,6 +124,16 @@ TEST(Layers, LinearIsXWtPlusBAndInitialisedWithinTheFanInBound) {
   EXPECT_TRUE(all_close(fc(x), add(matmul(x, transpose(fc.weight, 0, 1)), fc.bias), 1e-12, 1e-12));
 }
 
+// What add_layer_norm's residual bias takes from a linear layer: its product alone.
+TEST(Layers, LinearWithoutBiasLeavesTheBiasToTheCaller) {
+  nn::Linear fc(6, 4, true, DType::f64);
+  Tensor x = testing::random_tensor({3, 6});
+  EXPECT_TRUE(all_close(add(fc.forward_without_bias(x), fc.bias), fc(x), 1e-12, 1e-12));
+  nn::Linear gelu(6, 4, Activation::gelu_tanh, true, DType::f64);
+  EXPECT_TRUE(testing::throws_with<ValueError>([&] { gelu.forward_without_bias(x); },
+                                               {"forward_without_bias", "activation"}));
+}
+
 TEST(Layers, Conv2dMatchesTheFunctionalOpAndItsFanIn) {
   nn::Conv2d conv(4, 6, 3, {2, 1, 1, 2, true}, DType::f64);
   EXPECT_EQ(conv.weight.shape(), (Shape{6, 2, 3, 3}));
