@@ -83,7 +83,7 @@ __global__ void map2_contiguous(int64_t n, const TA* __restrict__ a, const TB* _
 }
 
 // a and b repeat every period_a and period_b elements (repeat_period; n for an operand that does
-// not repeat); with V > 1 both periods are whole vectors.
+// not repeat), both periods whole vectors of V.
 template <int V, typename TA, typename TB, typename TO, typename F>
 __global__ void map2_repeating(int64_t n, const TA* __restrict__ a, int64_t period_a, const TB* __restrict__ b,
                                int64_t period_b, TO* __restrict__ out, F f) {
@@ -100,6 +100,17 @@ __global__ void map2_repeating(int64_t n, const TA* __restrict__ a, int64_t peri
   for (int64_t i = n_vec * V + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     out[i] = f(a[i % period_a], b[i % period_b]);
   }
+}
+
+// Whether map2_repeating takes a and b into out with 16-byte loads: both repeat (repeat_period) in
+// whole vectors, all three pointers aligned. Otherwise (a scalar broadcast, a block of an odd size)
+// the strided indexer is faster than a division per element (the MLP's loss gradient, one H200).
+template <typename TA, typename TB, typename TO>
+bool repeats_in_vectors(const Tensor& a, const Tensor& b, const Tensor& out) {
+  constexpr int V = vector_width<TA, TB, TO>();
+  const int64_t period_a = repeat_period(a, out), period_b = repeat_period(b, out);
+  return V > 1 && period_a > 0 && period_b > 0 && period_a % V == 0 && period_b % V == 0 &&
+         aligned16(a.data_ptr()) && aligned16(b.data_ptr()) && aligned16(out.data_ptr());
 }
 
 template <typename TA, typename TO, typename F>
@@ -171,16 +182,10 @@ void map2(const char* name, const Tensor& a, const Tensor& b, const Tensor& out,
     bool vec = aligned16(pa) && aligned16(pb) && aligned16(po);
     if (vec) map2_contiguous<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, f);
     else map2_contiguous<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, f);
-  } else if (const int64_t period_a = repeat_period(a, out), period_b = repeat_period(b, out);
-             period_a > 0 && period_b > 0) {
+  } else if (repeats_in_vectors<TA, TB, TO>(a, b, out)) {
     constexpr int V = vector_width<TA, TB, TO>();
-    bool vec = aligned16(pa) && aligned16(pb) && aligned16(po) && period_a % V == 0 && period_b % V == 0;
-    if (vec) {
-      map2_repeating<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, period_a, pb,
-                                                                                           period_b, po, f);
-    } else {
-      map2_repeating<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, period_a, pb, period_b, po, f);
-    }
+    map2_repeating<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(
+        n, pa, repeat_period(a, out), pb, repeat_period(b, out), po, f);
   } else {
     Indexer<3> idx = make_indexer<3>(out.shape(), {&a, &b, &out});
     map2_strided<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, idx, f);

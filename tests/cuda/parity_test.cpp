@@ -225,7 +225,7 @@ std::vector<Case> cases() {
            }, true, 2},
       Case{"copy_contiguous", {InputSpec{{7, 19}, {1, 19}}}, [](V x) { return contiguous(x[0]) * 1.0; }},
       // One operand repeated along the leading dims (a position table over a batch): 16-byte
-      // loads where the repeated block is whole vectors, single elements where it is not (35).
+      // loads where the repeated block is whole vectors, the strided indexer where it is not (35).
       Case{"add_repeated_block", {InputSpec{{4, 6, 16}, {4, 6, 16}}, InputSpec{{4, 6, 16}, {6, 16}}},
            [](V x) { return add(x[0], x[1]); }},
       Case{"mul_repeated_odd_block", {InputSpec{{3, 5, 7}, {3, 5, 7}}, InputSpec{{3, 5, 7}, {1, 5, 7}}},
