@@ -491,23 +491,31 @@ __global__ void layer_norm_column_partials(const T* __restrict__ grad_out, const
   if (partial_ds) partial_ds[static_cast<int64_t>(blockIdx.y) * d + c] = ds;
 }
 
-// grad_weight (D,) = the sum of partial_dw's rows (parts, D), and grad_bias from partial_db and
-// grad_x_sum from partial_ds the same way; blockIdx.y picks which (one launch for all), a null
-// output is skipped. Block (32, 16):
+// Up to three column sums in one launch, blockIdx.y picking which: out[y] (D,) = the sum of
+// partial[y]'s rows (parts, D) (the weight's, the bias's and dx's gradients). Block (32, 16):
 // 32 columns, 16 threads each adding every 16th row in row order (unrolled, so that several loads
 // are in flight: the sums are bound by load latency), then combined in thread order. A fixed order.
 constexpr int kReduceRows = 16;
 template <typename T>
-__global__ void layer_norm_reduce_partials(const stat_t<acc_t<T>>* __restrict__ partial_dw,
-                                           const stat_t<acc_t<T>>* __restrict__ partial_db,
-                                           const stat_t<acc_t<T>>* __restrict__ partial_ds,
-                                           T* __restrict__ grad_weight, T* __restrict__ grad_bias,
-                                           T* __restrict__ grad_x_sum, int64_t parts, int64_t d) {
+struct ColumnSums {
+  const stat_t<acc_t<T>>* partial[3] = {};  // (parts, D) each
+  T* out[3] = {};                           // (D,) each
+  int count = 0;
+
+  void add(const stat_t<acc_t<T>>* p, T* o) {
+    if (o == nullptr) return;
+    partial[count] = p;
+    out[count] = o;
+    ++count;
+  }
+};
+
+template <typename T>
+__global__ void layer_norm_reduce_partials(ColumnSums<T> sums, int64_t parts, int64_t d) {
   using S = stat_t<acc_t<T>>;
   __shared__ S shared[kReduceRows][32];
-  const S* partial = blockIdx.y == 0 ? partial_dw : blockIdx.y == 1 ? partial_db : partial_ds;  // (parts, D)
-  T* out = blockIdx.y == 0 ? grad_weight : blockIdx.y == 1 ? grad_bias : grad_x_sum;            // (D,)
-  if (out == nullptr) return;
+  const S* partial = sums.partial[blockIdx.y];  // (parts, D)
+  T* out = sums.out[blockIdx.y];                // (D,)
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   S sum = 0;
   if (c < d) {
@@ -609,11 +617,13 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   // grad_weight, grad_bias and grad_x_sum from the blocks' partial column sums (with dx_only,
   // grad_x_sum alone).
   auto reduce_partials = [&](const Partials& p, int64_t parts, bool dx_only = false) {
-    const dim3 reduce_grid(static_cast<unsigned>((d + 31) / 32), static_cast<unsigned>(sums));  // y: which sum
-    T* out_w = !dx_only && grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr;
-    T* out_b = !dx_only && grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr;
-    layer_norm_reduce_partials<T><<<reduce_grid, dim3(32, kReduceRows), 0, stream>>>(
-        p.ptr(p.dw), p.ptr(p.db), p.ptr(p.ds), out_w, out_b, x_sum ? device_ptr<T>(grad_x_sum) : nullptr, parts, d);
+    ColumnSums<T> column_sums;
+    if (!dx_only && grad_weight.defined()) column_sums.add(p.ptr(p.dw), device_ptr<T>(grad_weight));
+    if (!dx_only && grad_bias.defined()) column_sums.add(p.ptr(p.db), device_ptr<T>(grad_bias));
+    if (x_sum) column_sums.add(p.ptr(p.ds), device_ptr<T>(grad_x_sum));
+    if (column_sums.count == 0) return;
+    const dim3 reduce_grid(static_cast<unsigned>((d + 31) / 32), static_cast<unsigned>(column_sums.count));
+    layer_norm_reduce_partials<T><<<reduce_grid, dim3(32, kReduceRows), 0, stream>>>(column_sums, parts, d);
     check_launch("layer_norm_backward (partial sums)");
   };
 
@@ -657,10 +667,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
     static_assert(kMaxBackwardWarps * 2 * 32 * V * 3 * sizeof(S) <= kSharedBudget,
                   "the short-row backward's two sums fit in shared memory without opting in");
     const size_t shared = columns ? kMaxBackwardWarps * sums * static_cast<size_t>(32 * V * items) * sizeof(S) : 0;
-    if (shared > kSharedBudget) {  // dx's sums as well: 72 KiB, two blocks still fit on an SM
-      TANDEM_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-    }
+    allow_dynamic_shared_memory(kernel, device, shared);  // with dx's sums 72 KiB: two blocks still fit on an SM
     const int64_t wanted = (rows + kMaxBackwardWarps - 1) / kMaxBackwardWarps;
     const unsigned grid = static_cast<unsigned>(
         std::min<int64_t>(wanted, static_cast<int64_t>(kShortRowBlocksPerSm) * multiprocessors(device)));

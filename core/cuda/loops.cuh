@@ -106,11 +106,10 @@ __global__ void map2_repeating(int64_t n, const TA* __restrict__ a, int64_t peri
 // whole vectors, all three pointers aligned. Otherwise (a scalar broadcast, a block of an odd size)
 // the strided indexer is faster than a division per element (the MLP's loss gradient, one H200).
 template <typename TA, typename TB, typename TO>
-bool repeats_in_vectors(const Tensor& a, const Tensor& b, const Tensor& out) {
+bool repeats_in_vectors(int64_t period_a, const TA* a, int64_t period_b, const TB* b, const TO* out) {
   constexpr int V = vector_width<TA, TB, TO>();
-  const int64_t period_a = repeat_period(a, out), period_b = repeat_period(b, out);
-  return V > 1 && period_a > 0 && period_b > 0 && period_a % V == 0 && period_b % V == 0 &&
-         aligned16(a.data_ptr()) && aligned16(b.data_ptr()) && aligned16(out.data_ptr());
+  return V > 1 && period_a > 0 && period_b > 0 && period_a % V == 0 && period_b % V == 0 && aligned16(a) &&
+         aligned16(b) && aligned16(out);
 }
 
 template <typename TA, typename TO, typename F>
@@ -182,10 +181,11 @@ void map2(const char* name, const Tensor& a, const Tensor& b, const Tensor& out,
     bool vec = aligned16(pa) && aligned16(pb) && aligned16(po);
     if (vec) map2_contiguous<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, f);
     else map2_contiguous<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, f);
-  } else if (repeats_in_vectors<TA, TB, TO>(a, b, out)) {
+  } else if (const int64_t period_a = repeat_period(a, out), period_b = repeat_period(b, out);
+             repeats_in_vectors(period_a, pa, period_b, pb, po)) {
     constexpr int V = vector_width<TA, TB, TO>();
-    map2_repeating<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(
-        n, pa, repeat_period(a, out), pb, repeat_period(b, out), po, f);
+    map2_repeating<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, period_a, pb,
+                                                                                       period_b, po, f);
   } else {
     Indexer<3> idx = make_indexer<3>(out.shape(), {&a, &b, &out});
     map2_strided<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, idx, f);

@@ -3,7 +3,9 @@
 #include <cuda_profiler_api.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "tandem/core/cuda_api.h"
@@ -114,6 +116,19 @@ void check_launch(const char* kernel) {
     TANDEM_THROW(BackendError, "CUDA kernel ", kernel, " failed to launch: ", cudaGetErrorName(status), ": ",
                  cudaGetErrorString(status));
   }
+}
+
+void allow_dynamic_shared_memory(const void* kernel, int device, size_t bytes) {
+  constexpr size_t kDefaultLimit = 48 * 1024;
+  if (bytes <= kDefaultLimit) return;
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, size_t> allowed;  // (kernel, device) -> bytes set
+  std::lock_guard<std::mutex> lock(mutex);
+  size_t& set = allowed[{kernel, device}];
+  if (bytes <= set) return;
+  DeviceGuard guard(device);
+  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  set = bytes;
 }
 
 Event::Event() {

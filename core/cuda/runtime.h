@@ -32,4 +32,13 @@ void check_launch(const char* kernel);
 // Throws DeviceError unless 0 <= device < device_count().
 void check_device(int device);
 
+// Lets `kernel` launch on `device` with `bytes` of dynamic shared memory, opting in past the default
+// 48 KiB. The attribute is set once per kernel, device and larger size, not at every launch: the
+// call takes host time.
+void allow_dynamic_shared_memory(const void* kernel, int device, size_t bytes);
+template <typename Kernel>
+void allow_dynamic_shared_memory(Kernel* kernel, int device, size_t bytes) {
+  allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), device, bytes);
+}
+
 }  // namespace tandem::cuda

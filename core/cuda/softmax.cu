@@ -558,10 +558,7 @@ void cross_entropy_with_grad(const Tensor& logits, const Tensor& target, const T
                          : (keep ? cross_entropy_rows<T, 1, GradPass::from_shared>
                                  : cross_entropy_rows<T, 1, GradPass::from_global>);
     const size_t shared = keep ? kept_bytes : 0;
-    if (shared > 48 * 1024) {
-      TANDEM_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-    }
+    allow_dynamic_shared_memory(kernel, device, shared);
     const int threads = cross_entropy_threads(c, v, kCrossEntropyForwardThreads);
     kernel<<<static_cast<unsigned>(n), threads, shared, stream_of(logits)>>>(
         device_ptr<const T>(logits), device_ptr<const int64_t>(target),
