@@ -514,8 +514,10 @@ template <typename T>
 __global__ void layer_norm_reduce_partials(ColumnSums<T> sums, int64_t parts, int64_t d) {
   using S = stat_t<acc_t<T>>;
   __shared__ S shared[kReduceRows][32];
-  const S* partial = sums.partial[blockIdx.y];  // (parts, D)
-  T* out = sums.out[blockIdx.y];                // (D,)
+  // Selected, not indexed by blockIdx.y: an indexed parameter array is copied to local memory.
+  const unsigned y = blockIdx.y;
+  const S* partial = y == 0 ? sums.partial[0] : y == 1 ? sums.partial[1] : sums.partial[2];  // (parts, D)
+  T* out = y == 0 ? sums.out[0] : y == 1 ? sums.out[1] : sums.out[2];                        // (D,)
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   S sum = 0;
   if (c < d) {
