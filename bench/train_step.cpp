@@ -372,6 +372,8 @@ int run_benchmark(const Config& cfg) {
       {"samples_per_s", samples_per_s},
       {"tokens_per_s", spec.name == "gpt2" ? nlohmann::ordered_json(samples_per_s * tokens) : nullptr},
       {"peak_memory_bytes", on_gpu ? nlohmann::ordered_json(cuda::max_memory_allocated(device.index)) : nullptr},
+      // What the caching allocator holds from the device at the end (tensors and its cache).
+      {"reserved_memory_bytes", on_gpu ? nlohmann::ordered_json(cuda::memory_reserved(device.index)) : nullptr},
       {"loss_first", loss_values.front()},  // before any update
       {"loss_last", loss_values.back()},
       {"ddp", ddp_json},

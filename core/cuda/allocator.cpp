@@ -3,8 +3,9 @@
 // stream: a block freed by work on stream S is only handed out again for work on S, so stream
 // order alone makes the reuse safe. Small requests (<= 1 MiB) are carved from 2 MiB segments;
 // larger ones from segments of their own rounded size (20 MiB for 1-10 MiB requests); a block
-// bigger than a request is split and the rest stays cached; adjacent free blocks of a segment
-// merge again when freed.
+// bigger than a request is split and the rest stays cached, however small (so a tensor holds, and
+// the statistics count, only its size rounded to 512 bytes, and the rest can join a freed
+// neighbour); adjacent free blocks of a segment merge again when freed.
 //
 // CUDA graphs (core/cuda_graph.h) get pools of their own: while a thread captures, its allocations
 // on the device come from the graph's pool (blocks tagged with the pool's id, never handed to
@@ -31,8 +32,7 @@ constexpr size_t kSmallRequest = 1 << 20;         // <= 1 MiB: the small pool
 constexpr size_t kSmallSegment = 2 << 20;         // segments of the small pool
 constexpr size_t kMediumRequest = 10 << 20;       // 1-10 MiB: 20 MiB segments
 constexpr size_t kMediumSegment = 20 << 20;
-constexpr size_t kLargeRounding = 2 << 20;        // larger requests round to 2 MiB
-constexpr size_t kMinLargeRemainder = 1 << 20;    // split a large block only if > 1 MiB is left
+constexpr size_t kLargeRounding = 2 << 20;        // larger requests' segments round to 2 MiB
 
 bool poison_allocations = false;
 
@@ -231,11 +231,13 @@ class DeviceAllocator {
     return block;
   }
 
+  // Splits off the part of block past `size` as a free block. In the large pool a rest of 1 MiB
+  // or less serves no request alone, but left inside the block it would count as allocated and
+  // could not join a neighbour freed before the block.
   template <typename Pool>
   void split_if_worthwhile(Block* block, size_t size, Pool& pool) {
     size_t remainder = block->size - size;
-    bool worthwhile = block->small ? remainder >= kMinBlock : remainder > kMinLargeRemainder;
-    if (!worthwhile) return;
+    if (remainder < kMinBlock) return;
     auto* rest = new Block;
     rest->ptr = block->ptr + size;
     rest->size = remainder;

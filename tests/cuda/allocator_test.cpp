@@ -33,6 +33,27 @@ TEST(CudaAllocator, TracksAllocatedReservedAndPeak) {
   EXPECT_LT(cuda::memory_reserved(), reserved);  // the 12 MiB block's segment went back
 }
 
+TEST(CudaAllocator, AReusedLargeBlockCountsOnlyWhatWasAskedFor) {
+  TANDEM_REQUIRE_CUDA();
+  cuda::synchronize();
+  const TensorOptions f32_gpu(DType::f32, Device("cuda:0"));
+  // Two 8 MiB blocks side by side in one 20 MiB segment; the first freed stays an 8 MiB block.
+  Tensor first = empty({2 << 20}, f32_gpu);
+  Tensor second = empty({2 << 20}, f32_gpu);
+  first = Tensor();
+  const uint64_t device_allocs = cuda::memory_stats().num_device_allocs;
+  const size_t base = cuda::memory_allocated();
+  {
+    // 7.5 MiB, most likely from that 8 MiB block: its last 0.5 MiB is split off, not counted.
+    Tensor smaller = empty({(15 << 20) / 8}, f32_gpu);
+    EXPECT_EQ(cuda::memory_allocated(), base + (15u << 19));
+  }
+  EXPECT_EQ(cuda::memory_allocated(), base);
+  // The rest merged back: 8 MiB again without a new device allocation.
+  Tensor again = empty({2 << 20}, f32_gpu);
+  EXPECT_EQ(cuda::memory_stats().num_device_allocs, device_allocs);
+}
+
 TEST(CudaAllocator, SmallBlocksSplitAndMergeBack) {
   TANDEM_REQUIRE_CUDA();
   std::vector<Tensor> blocks;
