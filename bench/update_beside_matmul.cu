@@ -22,20 +22,18 @@
 
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "gpu_timer.h"
+#include "tandem/core/cuda/cublaslt.h"
 #include "tandem/core/cuda/runtime.h"
 
 namespace {
 
+namespace lt = tandem::cuda::lt;
 using bf16 = __nv_bfloat16;
 
-#define BENCH_CUBLAS_CHECK(call)                                                                \
-  do {                                                                                          \
-    const cublasStatus_t status_ = (call);                                                      \
-    TANDEM_CHECK(status_ == CUBLAS_STATUS_SUCCESS, #call, " failed with cuBLAS status ", status_); \
-  } while (0)
 #define BENCH_CU_CHECK(call)                                                                \
   do {                                                                                      \
     const CUresult result_ = (call);                                                        \
@@ -112,67 +110,59 @@ void launch_update(const UpdateBuffers& b, int blocks, int threads, int shared_b
   TANDEM_CUDA_CHECK(cudaGetLastError());
 }
 
-// One product D (rows x cols) = A (rows x k) * op(B), column-major, as cuBLASLt sees it.
+// One product D (rows x cols) = A (rows x k) * op(B), bf16, column-major as cuBLASLt sees it,
+// with the library's descriptor wrappers and cuBLASLt's first heuristic algorithm.
 struct Product {
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t a, b, d;
+  Product(int64_t rows, int64_t cols, int64_t k, bool transpose_b, int sm_target)
+      : desc(lt::types_for(tandem::DType::bf16), false, transpose_b),
+        a(CUDA_R_16BF, rows, k, rows, 1, 0),
+        b(CUDA_R_16BF, transpose_b ? cols : k, transpose_b ? k : cols, transpose_b ? cols : k, 1, 0),
+        d(CUDA_R_16BF, rows, cols, rows, 1, 0) {
+    if (sm_target > 0) {
+      TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                         &sm_target, sizeof sm_target));
+    }
+    cublasLtMatmulPreference_t preference;
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const size_t workspace_bytes = lt::kWorkspaceBytes;
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &workspace_bytes, sizeof workspace_bytes));
+    cublasLtMatmulHeuristicResult_t result = {};
+    int found = 0;
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt::handle(0), desc.get(), a.get(), b.get(), d.get(), d.get(),
+                                                       preference, 1, &result, &found));
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+    TANDEM_CHECK(found == 1, "cuBLASLt has no algorithm for ", rows, " x ", cols, " x ", k);
+    algo = result.algo;
+  }
+  lt::MatmulDesc desc;
+  lt::Layout a, b, d;
   cublasLtMatmulAlgo_t algo;
 };
 
 struct Products {
-  cublasLtHandle_t handle;
-  void* workspace;  // (kWorkspaceBytes,)
-  static constexpr size_t kWorkspaceBytes = 32u << 20;
-  bf16* a;  // (kWidth * kWidth,)
-  bf16* b;  // (kWidth * kWidth,)
-  bf16* d;  // (kWidth * kWidth,)
+  void* workspace;  // (lt::kWorkspaceBytes,)
+  bf16* a;          // (kWidth * kWidth,)
+  bf16* b;          // (kWidth * kWidth,)
+  bf16* d;          // (kWidth * kWidth,)
 
   // The backward's products, planned for sm_target SMs (0: the whole GPU).
-  std::vector<Product> plan(int sm_target) const {
-    std::vector<Product> products;
+  std::vector<std::unique_ptr<Product>> plan(int sm_target) const {
+    std::vector<std::unique_ptr<Product>> products;
     for (int layer = 0; layer < kLayers; ++layer) {
-      products.push_back(make(kWidth, kBatch, kWidth, false, sm_target));  // input gradient
-      products.push_back(make(kWidth, kWidth, kBatch, true, sm_target));   // weight gradient
+      products.push_back(std::make_unique<Product>(kWidth, kBatch, kWidth, false, sm_target));  // input gradient
+      products.push_back(std::make_unique<Product>(kWidth, kWidth, kBatch, true, sm_target));   // weight gradient
     }
     return products;
   }
 
-  void run(const std::vector<Product>& products, cudaStream_t stream) const {
+  void run(const std::vector<std::unique_ptr<Product>>& products, cudaStream_t stream) const {
     const float alpha = 1, beta = 0;
-    for (const Product& p : products) {
-      BENCH_CUBLAS_CHECK(cublasLtMatmul(handle, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo,
-                                        workspace, kWorkspaceBytes, stream));
+    for (const auto& p : products) {
+      TANDEM_CUBLAS_CHECK(cublasLtMatmul(lt::handle(0), p->desc.get(), &alpha, a, p->a.get(), b, p->b.get(), &beta,
+                                         d, p->d.get(), d, p->d.get(), &p->algo, workspace, lt::kWorkspaceBytes,
+                                         stream));
     }
-  }
-
- private:
-  Product make(int64_t rows, int64_t cols, int64_t k, bool transpose_b, int sm_target) const {
-    Product p;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t op_a = CUBLAS_OP_N, op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-    BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-    if (sm_target > 0) {
-      BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target,
-                                                        sizeof sm_target));
-    }
-    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, rows, k, rows));
-    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, transpose_b ? cols : k, transpose_b ? k : cols,
-                                                  transpose_b ? cols : k));
-    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_16BF, rows, cols, rows));
-    cublasLtMatmulPreference_t preference;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    const size_t workspace_bytes = kWorkspaceBytes;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                            &workspace_bytes, sizeof workspace_bytes));
-    cublasLtMatmulHeuristicResult_t result = {};
-    int found = 0;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, preference, 1, &result,
-                                                      &found));
-    TANDEM_CHECK(found == 1, "cuBLASLt has no algorithm for ", rows, " x ", cols, " x ", k);
-    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
-    p.algo = result.algo;
-    return p;
   }
 };
 
@@ -208,8 +198,7 @@ int main() {
   cudaStream_t main_stream = tandem::cuda::current_stream(0);
 
   Products products;
-  BENCH_CUBLAS_CHECK(cublasLtCreate(&products.handle));
-  TANDEM_CUDA_CHECK(cudaMalloc(&products.workspace, Products::kWorkspaceBytes));
+  TANDEM_CUDA_CHECK(cudaMalloc(&products.workspace, lt::kWorkspaceBytes));
   for (bf16** p : {&products.a, &products.b, &products.d}) TANDEM_CUDA_CHECK(cudaMalloc(p, kWidth * kWidth * 2));
   fill_bf16<<<1024, 256, 0, main_stream>>>(products.a, kWidth * kWidth, 1);
   fill_bf16<<<1024, 256, 0, main_stream>>>(products.b, kWidth * kWidth, 2);
@@ -220,12 +209,12 @@ int main() {
   fill_f32<<<1024, 256, 0, main_stream>>>(update.m, kParams, 0.01f);
   fill_f32<<<1024, 256, 0, main_stream>>>(update.v, kParams, 0.001f);
   fill_bf16<<<1024, 256, 0, main_stream>>>(update.grad, kParams, 3);
-  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(adamw_stand_in, cudaFuncAttributeMaxDynamicSharedMemorySize, kFatSharedBytes));
+  tandem::cuda::allow_dynamic_shared_memory(adamw_stand_in, 0, kFatSharedBytes);
   cudaStream_t side_a, side_b;
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_a, cudaStreamNonBlocking));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_b, cudaStreamNonBlocking));
 
-  const std::vector<Product> whole = products.plan(0);
+  const auto whole = products.plan(0);
   const int whole_blocks = sms * 8;  // 256 threads each
   const double flops = kLayers * 2 * 2.0 * kWidth * kWidth * kBatch;
   const double update_bytes = 28.0 * kParams;
@@ -247,7 +236,7 @@ int main() {
 
   std::printf("\n%-30s %4s %13s %11s %9s %9s\n", "split", "k", "products ms", "update ms", "at once", "saved");
   for (int k : {16, 24, 32, 40, 48, 64}) {
-    const std::vector<Product> planned = products.plan(sms - k);
+    const auto planned = products.plan(sms - k);
     auto fat_update = [&](cudaStream_t s) { launch_update(update, k, kFatThreads, kFatSharedBytes, s); };
     const double p_ms = median_ms([&] { products.run(planned, main_stream); });
     const double u_ms = median_ms([&] { fat_update(main_stream); });
@@ -279,7 +268,7 @@ int main() {
     BENCH_CU_CHECK(cuGreenCtxStreamCreate(&update_stream, update_ctx, CU_STREAM_NON_BLOCKING, 0));
     BENCH_CU_CHECK(cuGreenCtxStreamCreate(&product_stream, product_ctx, CU_STREAM_NON_BLOCKING, 0));
     const int update_count = static_cast<int>(update_sms.sm.smCount);
-    const std::vector<Product> planned = products.plan(static_cast<int>(product_sms.sm.smCount));
+    const auto planned = products.plan(static_cast<int>(product_sms.sm.smCount));
     auto partitioned_update = [&](cudaStream_t s) { launch_update(update, update_count * 8, 256, 0, s); };
     auto partitioned_products = [&](cudaStream_t s) { products.run(planned, s); };
     const double p_ms = median_ms([&] {
