@@ -42,6 +42,10 @@ namespace tandem {
   void cross_entropy_with_grad(const Tensor& logits, const Tensor& target, const Tensor& count,     \
                                const Tensor& losses, const Tensor& grad, int64_t ignore_index,      \
                                double smoothing);                                                   \
+  /* input, target, grad contiguous, one shape and floating dtype, not empty; loss () of that     \
+     dtype: the mean (or sum) of (input - target)^2, grad its gradient for an upstream 1 */      \
+  void squared_error_with_grad(const Tensor& input, const Tensor& target, bool mean,              \
+                               const Tensor& loss, const Tensor& grad);                           \
   /* out = g * x for a 0-dim g, which stays on the device: where g is 1 and out is x, nothing is    \
      written; x and out contiguous, one shape and floating dtype; g of x's statistics dtype */     \
   void scale_unless_one(const Tensor& x, const Tensor& g, const Tensor& out);                       \

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "tandem/core/backend.h"
 #include "tandem/core/content_hash.h"
@@ -80,6 +81,23 @@ Tensor reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims_in,
   Tensor out2 = out.as_strided({three[0], three[2]}, contiguous_strides({three[0], three[2]}), 0);
   TANDEM_ROUTE(x.device(), reduce, op, src3, out2);
   return out;
+}
+
+SquaredErrorWithGrad squared_error_with_grad(const Tensor& input, const Tensor& target, bool mean) {
+  check_floating("mse_loss", input);
+  check_same_device("mse_loss", input, target);
+  TANDEM_CHECK_AS(ValueError, input.shape() == target.shape(), "mse_loss: input ", shape_str(input.shape()),
+                  " and target ", shape_str(target.shape()), " must have the same shape");
+  TANDEM_CHECK_AS(TypeError, input.dtype() == target.dtype(), "mse_loss: input is ", input.dtype(),
+                  " but target is ", target.dtype(), "; they must have the same dtype");
+  SquaredErrorWithGrad result{empty({}, input.options()), empty(input.shape(), input.options())};
+  if (input.numel() == 0) {  // as the composed mean and sum give: NaN and 0
+    fill_(result.loss, mean ? std::numeric_limits<double>::quiet_NaN() : 0.0);
+    return result;
+  }
+  TANDEM_ROUTE(input.device(), squared_error_with_grad, contiguous(input), contiguous(target), mean, result.loss,
+               result.grad);
+  return result;
 }
 
 Tensor sum_to(const Tensor& grad, const Shape& shape) {

@@ -19,6 +19,17 @@ Tensor reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, bo
 // Sums a broadcast gradient back down to `shape` (the inverse of expanding shape to grad's).
 Tensor sum_to(const Tensor& grad, const Shape& shape);
 
+// The mean (or sum) of (input - target)^2 over every element and, from the same pass, its
+// gradient with respect to input for an upstream gradient of 1: grad = 2 * (unit * (input -
+// target)), unit = 1 / numel for the mean (rounded to the compute type) and 1 for the sum, in the
+// compute type (f32 for 16-bit inputs) and rounded once to input's dtype. For f32 and f64 these are
+// the bits the composed ops' backward gives. input and target: one shape, floating dtype and device.
+struct SquaredErrorWithGrad {
+  Tensor loss;  // (), input's dtype
+  Tensor grad;  // input's shape and dtype, contiguous
+};
+SquaredErrorWithGrad squared_error_with_grad(const Tensor& input, const Tensor& target, bool mean);
+
 // A 64-bit digest of each tensor's bytes (in its contiguous layout), computed on the device the
 // tensor lives on and read back once per device: equal bytes give equal digests on every device,
 // so ranks compare parameters without copying them to the host (core/content_hash.h).

@@ -1,4 +1,4 @@
-// CPU reductions, softmax and the fused cross-entropy. Float types accumulate in double here:
+// CPU reductions, softmax, the fused cross-entropy and the squared error with its gradient. Float types accumulate in double here:
 // the CPU backend is the reference the CUDA backend is checked against.
 #include <algorithm>
 #include <cmath>
@@ -198,6 +198,27 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Te
         dx[j] = T(static_cast<S>(g * (p - y)));
       }
     }
+  });
+}
+
+void squared_error_with_grad(const Tensor& input, const Tensor& target, bool mean, const Tensor& loss,
+                             const Tensor& grad) {
+  dispatch_floating(input.dtype(), "mse_loss", "cpu", [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;  // the differences and gradients, as the CUDA kernel computes them
+    const int64_t n = input.numel();
+    const C unit = mean ? static_cast<C>(1.0 / static_cast<double>(n)) : C(1);
+    const T* x = input.data<T>();   // (n,)
+    const T* y = target.data<T>();  // (n,)
+    T* g = grad.data<T>();          // (n,)
+    double squares = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const C d = static_cast<C>(x[i]) - static_cast<C>(y[i]);
+      const C half = unit * d;  // the mean's share of the gradient, added twice: d(d^2) = 2 d
+      g[i] = T(half + half);
+      squares += static_cast<double>(d) * static_cast<double>(d);
+    }
+    loss.data<T>()[0] = T(static_cast<C>(mean ? squares / static_cast<double>(n) : squares));
   });
 }
 

@@ -283,6 +283,53 @@ __global__ void content_hash_kernel(const unsigned char* bytes, size_t nbytes, u
   const unsigned long long block_sum = BlockReduce(temp).Sum(static_cast<unsigned long long>(sum));
   if (threadIdx.x == 0) atomicAdd(out, block_sum);
 }
+
+// The squared error and its gradient (kernels::squared_error_with_grad): each block takes a
+// grid-stride share of the elements (16-byte loads where every pointer allows), writes their
+// gradients and its partial sum of squares; one block then adds the partial sums in a fixed order.
+constexpr int kSquaredErrorThreads = 256;
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kSquaredErrorThreads)
+    squared_error_partials(const T* __restrict__ input, const T* __restrict__ target, int64_t n, acc_t<T> unit,
+                           T* __restrict__ grad, acc_t<T>* __restrict__ partials) {  // (n,) x 3, (gridDim.x,)
+  using A = acc_t<T>;
+  using Block = cub::BlockReduce<A, kSquaredErrorThreads>;
+  __shared__ typename Block::TempStorage temp;
+  A squares = 0;
+  auto one = [&](T x, T y) -> T {
+    const A d = to_acc(x) - to_acc(y);
+    const A half = unit * d;  // the mean's share of the gradient, added twice: d(d^2) = 2 d
+    squares += d * d;
+    return cast_to<T>(half + half);
+  };
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kSquaredErrorThreads + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kSquaredErrorThreads;
+  const int64_t vectors = n / V;
+  for (int64_t i = first; i < vectors; i += stride) {
+    const Vec<T, V> x = reinterpret_cast<const Vec<T, V>*>(input)[i];
+    const Vec<T, V> y = reinterpret_cast<const Vec<T, V>*>(target)[i];
+    Vec<T, V> g;
+#pragma unroll
+    for (int k = 0; k < V; ++k) g.v[k] = one(x.v[k], y.v[k]);
+    reinterpret_cast<Vec<T, V>*>(grad)[i] = g;
+  }
+  for (int64_t i = vectors * V + first; i < n; i += stride) grad[i] = one(input[i], target[i]);
+  const A block_squares = Block(temp).Sum(squares);
+  if (threadIdx.x == 0) partials[blockIdx.x] = block_squares;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kSquaredErrorThreads)
+    squared_error_total(const acc_t<T>* __restrict__ partials, int blocks, int64_t n, bool mean, T* loss) {
+  using A = acc_t<T>;
+  using Block = cub::BlockReduce<A, kSquaredErrorThreads>;
+  __shared__ typename Block::TempStorage temp;
+  A sum = 0;
+  for (int b = threadIdx.x; b < blocks; b += kSquaredErrorThreads) sum += partials[b];
+  const A total = Block(temp).Sum(sum);
+  if (threadIdx.x == 0) *loss = cast_to<T>(mean ? total / static_cast<A>(n) : total);
+}
 }  // namespace
 
 void reduce(ReduceOp op, const Tensor& x, const Tensor& out) {
@@ -296,6 +343,32 @@ void content_hash(const Tensor& x, const Tensor& out) {
   content_hash_kernel<<<blocks_for(static_cast<int64_t>(words), 256, 132 * 8), 256, 0, stream_of(x)>>>(
       static_cast<const unsigned char*>(x.data_ptr()), x.nbytes(), device_ptr<unsigned long long>(out));
   check_launch("content_hash");
+}
+
+void squared_error_with_grad(const Tensor& input, const Tensor& target, bool mean, const Tensor& loss,
+                             const Tensor& grad) {
+  dispatch_floating(input.dtype(), "mse_loss", "cuda", [&](auto tag) {
+    using T = device_t<decltype(tag)>;
+    using A = acc_t<T>;
+    NvtxRange range("mse_loss");
+    const int device = input.device().index;
+    DeviceGuard guard(device);
+    cudaStream_t stream = stream_of(input);
+    const int64_t n = input.numel();
+    constexpr int V = 16 / sizeof(T);
+    const bool vectorised = aligned16(input.data_ptr()) && aligned16(target.data_ptr()) && aligned16(grad.data_ptr());
+    // A few blocks per SM: enough loads in flight, and few partial sums to add.
+    const int blocks = blocks_for(vectorised ? (n + V - 1) / V : n, kSquaredErrorThreads, 4LL * multiprocessors(device));
+    Tensor partials = empty({blocks}, TensorOptions(input.dtype() == DType::f64 ? DType::f64 : DType::f32, input.device()));  // (blocks,)
+    const A unit = mean ? static_cast<A>(1.0 / static_cast<double>(n)) : A(1);
+    auto kernel = vectorised ? squared_error_partials<T, V> : squared_error_partials<T, 1>;
+    kernel<<<blocks, kSquaredErrorThreads, 0, stream>>>(device_ptr<const T>(input), device_ptr<const T>(target), n,
+                                                         unit, device_ptr<T>(grad), device_ptr<A>(partials));
+    check_launch("mse_loss");
+    squared_error_total<T><<<1, kSquaredErrorThreads, 0, stream>>>(device_ptr<const A>(partials), blocks, n, mean,
+                                                                   device_ptr<T>(loss));
+    check_launch("mse_loss total");
+  });
 }
 
 }  // namespace tandem::cuda

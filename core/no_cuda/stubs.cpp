@@ -108,6 +108,9 @@ void cross_entropy_with_grad(const Tensor&, const Tensor&, const Tensor&, const 
                              double) {
   no_cuda("cross_entropy_with_grad");
 }
+void squared_error_with_grad(const Tensor&, const Tensor&, bool, const Tensor&, const Tensor&) {
+  no_cuda("mse_loss");
+}
 void scale_unless_one(const Tensor&, const Tensor&, const Tensor&) { no_cuda("scale_unless_one"); }
 void matmul(const Tensor&, const Tensor&, const Tensor&) { no_cuda("matmul"); }
 void index_select(const Tensor&, const Tensor&, const Tensor&) { no_cuda("index_select"); }

@@ -1,5 +1,6 @@
-// Finite-difference gradient checks of the reductions, softmax and cross-entropy, on fresh random
+// Finite-difference gradient checks of the reductions, softmax, cross-entropy and the squared-error loss, on fresh random
 // f64 inputs, contiguous and not.
+#include <cmath>
 #include <string>
 
 #include "gradcheck_util.h"
@@ -288,6 +289,66 @@ TEST(GradcheckReduce, CrossEntropyGradientScalesAndSurvivesRetainGraph) {
       EXPECT_TRUE(testing::all_close(cross_entropy(logits, target, options), loss / 2.5, 1e-15, 0));
     }
   }
+}
+
+// The squared error: its gradient from the forward's pass (a differentiated scalar loss of an
+// input whose target needs none), and from the composed ops otherwise (no reduction, or a target
+// that needs a gradient too).
+TEST(GradcheckReduce, MseLossReductions) {
+  for (const Tensor& input : {random_leaf({5, 4}), random_transposed_leaf({5, 4})}) {
+    Tensor target = testing::random_tensor({5, 4});
+    for (Reduction reduction : {Reduction::mean, Reduction::sum, Reduction::none}) {
+      SCOPED_TRACE("reduction " + std::to_string(static_cast<int>(reduction)) +
+                   (input.is_contiguous() ? "" : ", non-contiguous"));
+      EXPECT_GRADCHECK([target, reduction](const Inputs& v) { return mse_loss(v[0], target, reduction); },
+                       (Inputs{input}));
+      EXPECT_GRADCHECK([reduction](const Inputs& v) { return mse_loss(v[0], v[1], reduction); },
+                       (Inputs{input, random_leaf({5, 4})}));
+    }
+  }
+}
+
+// The fused gradient is the composed ops' in f64, bit for bit, scales by the upstream gradient,
+// and survives retain_graph; the loss is the composed one's to rounding.
+TEST(GradcheckReduce, MseLossGradientMatchesTheComposedOps) {
+  for (Reduction reduction : {Reduction::mean, Reduction::sum}) {
+    SCOPED_TRACE(reduction == Reduction::mean ? "mean" : "sum");
+    Tensor input = random_leaf({7, 3});
+    Tensor target = testing::random_tensor({7, 3});
+    Tensor loss = mse_loss(input, target, reduction);
+    loss.backward();
+    Tensor unit = input.grad();  // for an upstream gradient of 1
+    input.set_grad(Tensor());
+    Tensor diff = sub(input, target);
+    Tensor composed = reduction == Reduction::mean ? mean(mul(diff, diff)) : sum(mul(diff, diff));
+    composed.backward();
+    EXPECT_TRUE(testing::all_close(unit, input.grad(), 0, 0)) << "gradient";
+    EXPECT_TRUE(testing::all_close(loss, composed, 1e-15, 0)) << "loss";
+    input.set_grad(Tensor());
+
+    Tensor scaled = mul(mse_loss(input, target, reduction), 2.5);
+    scaled.backward(Tensor(), /*retain_graph=*/true);
+    Tensor first = input.grad();
+    EXPECT_TRUE(testing::all_close(first, mul(unit, 2.5), 1e-15, 0));
+    input.set_grad(Tensor());
+    scaled.backward();  // the same graph again: the saved gradient was not scaled in place
+    EXPECT_TRUE(testing::all_close(input.grad(), first, 0, 0));
+  }
+}
+
+TEST(GradcheckReduce, MseLossOfAnEmptyInput) {
+  Tensor input = zeros({0, 3}, TensorOptions(DType::f64)).requires_grad_();
+  Tensor target = zeros({0, 3}, TensorOptions(DType::f64));
+  EXPECT_TRUE(std::isnan(mse_loss(input, target).item<double>()));
+  Tensor total = mse_loss(input, target, Reduction::sum);
+  EXPECT_EQ(total.item<double>(), 0.0);
+  total.backward();
+  EXPECT_EQ(input.grad().shape(), (Shape{0, 3}));
+}
+
+TEST(GradcheckReduce, MseLossRejectsAMismatchedTarget) {
+  Tensor input = random_leaf({4, 3});
+  EXPECT_THROW(mse_loss(input, testing::random_tensor({3, 4})), ValueError);
 }
 
 }  // namespace
