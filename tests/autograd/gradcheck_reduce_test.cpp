@@ -1,6 +1,7 @@
 // Finite-difference gradient checks of the reductions, softmax, cross-entropy and the squared-error loss, on fresh random
 // f64 inputs, contiguous and not.
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "gradcheck_util.h"
@@ -263,6 +264,23 @@ TEST(GradcheckReduce, CrossEntropyWithI32Targets) {
   EXPECT_GRADCHECK([target](const Inputs& v) { return cross_entropy(v[0], target); }, (Inputs{logits}));
 }
 
+// For a loss whose forward wrote its gradient for an upstream gradient of 1 (`unit`, of `leaf`):
+// the loss times 2.5 gives 2.5 * unit, and a retained graph gives the same again (the saved
+// gradient was not scaled in place). Returns that scaled loss; leaves leaf's gradient unset.
+Tensor expect_scaled_gradient_survives_retain_graph(const std::function<Tensor()>& loss_of, Tensor leaf,
+                                                     const Tensor& unit) {
+  leaf.set_grad(Tensor());
+  Tensor loss = mul(loss_of(), 2.5);
+  loss.backward(Tensor(), /*retain_graph=*/true);
+  Tensor first = leaf.grad();
+  EXPECT_TRUE(testing::all_close(first, mul(unit, 2.5), 1e-15, 0));
+  leaf.set_grad(Tensor());
+  loss.backward();  // the same graph again
+  EXPECT_TRUE(testing::all_close(leaf.grad(), first, 0, 0));
+  leaf.set_grad(Tensor());
+  return loss;
+}
+
 // A scalar loss gets its gradient from the forward's pass (for an upstream gradient of 1): the
 // backward scales it by the upstream gradient, in place only when the graph is released.
 TEST(GradcheckReduce, CrossEntropyGradientScalesAndSurvivesRetainGraph) {
@@ -274,16 +292,8 @@ TEST(GradcheckReduce, CrossEntropyGradientScalesAndSurvivesRetainGraph) {
     Tensor logits = random_leaf({6, 5});
     Tensor target = random_targets(6, 5, {2});
     cross_entropy(logits, target, options).backward();
-    Tensor unit = logits.grad();  // for an upstream gradient of 1
-    logits.set_grad(Tensor());
-    Tensor loss = mul(cross_entropy(logits, target, options), 2.5);
-    loss.backward(Tensor(), /*retain_graph=*/true);
-    Tensor first = logits.grad();
-    EXPECT_TRUE(testing::all_close(first, mul(unit, 2.5), 1e-15, 0));
-    logits.set_grad(Tensor());
-    loss.backward();  // the same graph again: the saved gradient was not scaled in place
-    EXPECT_TRUE(testing::all_close(logits.grad(), first, 0, 0));
-    logits.set_grad(Tensor());
+    Tensor loss = expect_scaled_gradient_survives_retain_graph(
+        [&] { return cross_entropy(logits, target, options); }, logits, logits.grad());
     {
       NoGradGuard no_grad;  // no gradient to prepare: the forward alone, the same loss
       EXPECT_TRUE(testing::all_close(cross_entropy(logits, target, options), loss / 2.5, 1e-15, 0));
@@ -324,15 +334,7 @@ TEST(GradcheckReduce, MseLossGradientMatchesTheComposedOps) {
     composed.backward();
     EXPECT_TRUE(testing::all_close(unit, input.grad(), 0, 0)) << "gradient";
     EXPECT_TRUE(testing::all_close(loss, composed, 1e-15, 0)) << "loss";
-    input.set_grad(Tensor());
-
-    Tensor scaled = mul(mse_loss(input, target, reduction), 2.5);
-    scaled.backward(Tensor(), /*retain_graph=*/true);
-    Tensor first = input.grad();
-    EXPECT_TRUE(testing::all_close(first, mul(unit, 2.5), 1e-15, 0));
-    input.set_grad(Tensor());
-    scaled.backward();  // the same graph again: the saved gradient was not scaled in place
-    EXPECT_TRUE(testing::all_close(input.grad(), first, 0, 0));
+    expect_scaled_gradient_survives_retain_graph([&] { return mse_loss(input, target, reduction); }, input, unit);
   }
 }
 
