@@ -1,6 +1,6 @@
 // Layer functions: layer norm (one fused kernel each way), the squared-error loss (its gradient
-// from the forward's pass where it can) and those built from other
-// differentiable ops (their gradients follow from those).
+// from the forward's pass where it can) and those built from other differentiable ops (their
+// gradients follow from those).
 #include "tandem/autograd/grad_mode.h"
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
@@ -133,7 +133,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
                   " and target ", shape_str(target.shape()), " must have the same shape");
   // A scalar loss that will be differentiated for its input gets the gradient from the forward's
   // own pass (for an upstream gradient of 1; backward scales it only if that is not 1): one
-  // kernel instead of a subtraction, a square, a sum and their four backward kernels. As for
+  // kernel instead of a subtraction, a square, a reduction and their backward kernels. As for
   // cross_entropy, not for f16, where 2 (input - target) / N can flush to zero before a loss
   // scale multiplies it; the composed ops below cover every other case.
   const bool with_grad = reduction != Reduction::none && is_floating(input.dtype()) && input.dtype() != DType::f16 &&

@@ -1,5 +1,6 @@
-// CPU reductions, softmax, the fused cross-entropy and the squared error with its gradient. Float types accumulate in double here:
-// the CPU backend is the reference the CUDA backend is checked against.
+// CPU reductions, softmax, the fused cross-entropy and the squared error with its gradient. Float
+// types accumulate in double here: the CPU backend is the reference the CUDA backend is checked
+// against.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

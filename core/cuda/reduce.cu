@@ -358,8 +358,10 @@ void squared_error_with_grad(const Tensor& input, const Tensor& target, bool mea
     constexpr int V = 16 / sizeof(T);
     const bool vectorised = aligned16(input.data_ptr()) && aligned16(target.data_ptr()) && aligned16(grad.data_ptr());
     // A few blocks per SM: enough loads in flight, and few partial sums to add.
-    const int blocks = blocks_for(vectorised ? (n + V - 1) / V : n, kSquaredErrorThreads, 4LL * multiprocessors(device));
-    Tensor partials = empty({blocks}, TensorOptions(input.dtype() == DType::f64 ? DType::f64 : DType::f32, input.device()));  // (blocks,)
+    const int blocks =
+        blocks_for(vectorised ? (n + V - 1) / V : n, kSquaredErrorThreads, 4LL * multiprocessors(device));
+    const DType partial_dtype = input.dtype() == DType::f64 ? DType::f64 : DType::f32;  // A's
+    Tensor partials = empty({blocks}, TensorOptions(partial_dtype, input.device()));    // (blocks,)
     const A unit = mean ? static_cast<A>(1.0 / static_cast<double>(n)) : A(1);
     auto kernel = vectorised ? squared_error_partials<T, V> : squared_error_partials<T, 1>;
     kernel<<<blocks, kSquaredErrorThreads, 0, stream>>>(device_ptr<const T>(input), device_ptr<const T>(target), n,

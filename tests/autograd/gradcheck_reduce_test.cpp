@@ -1,5 +1,5 @@
-// Finite-difference gradient checks of the reductions, softmax, cross-entropy and the squared-error loss, on fresh random
-// f64 inputs, contiguous and not.
+// Finite-difference gradient checks of the reductions, softmax, cross-entropy and the squared-error
+// loss, on fresh random f64 inputs, contiguous and not.
 #include <cmath>
 #include <functional>
 #include <string>
