@@ -13,6 +13,7 @@
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/partial_rows.cuh"
 
 namespace tandem::cuda {
 
@@ -491,46 +492,6 @@ __global__ void layer_norm_column_partials(const T* __restrict__ grad_out, const
   if (partial_ds) partial_ds[static_cast<int64_t>(blockIdx.y) * d + c] = ds;
 }
 
-// Up to three column sums in one launch, blockIdx.y picking which: out[y] (D,) = the sum of
-// partial[y]'s rows (parts, D) (the weight's, the bias's and dx's gradients). Block (32, 16):
-// 32 columns, 16 threads each adding every 16th row in row order (unrolled, so that several loads
-// are in flight: the sums are bound by load latency), then combined in thread order. A fixed order.
-constexpr int kReduceRows = 16;
-template <typename T>
-struct ColumnSums {
-  const stat_t<acc_t<T>>* partial[3] = {};  // (parts, D) each
-  T* out[3] = {};                           // (D,) each
-  int count = 0;
-
-  void add(const stat_t<acc_t<T>>* p, T* o) {
-    if (o == nullptr) return;
-    partial[count] = p;
-    out[count] = o;
-    ++count;
-  }
-};
-
-template <typename T>
-__global__ void layer_norm_reduce_partials(ColumnSums<T> sums, int64_t parts, int64_t d) {
-  using S = stat_t<acc_t<T>>;
-  __shared__ S shared[kReduceRows][32];
-  // Selected, not indexed by blockIdx.y: an indexed parameter array is copied to local memory.
-  const unsigned y = blockIdx.y;
-  const S* partial = y == 0 ? sums.partial[0] : y == 1 ? sums.partial[1] : sums.partial[2];  // (parts, D)
-  T* out = y == 0 ? sums.out[0] : y == 1 ? sums.out[1] : sums.out[2];                        // (D,)
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  S sum = 0;
-  if (c < d) {
-#pragma unroll 8
-    for (int64_t p = threadIdx.y; p < parts; p += kReduceRows) sum += partial[p * d + c];
-  }
-  shared[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= d) return;
-  for (int i = 1; i < kReduceRows; ++i) sum += shared[i][threadIdx.x];
-  out[c] = cast_to<T>(sum);
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <typename T, int V>
@@ -619,14 +580,11 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   // grad_weight, grad_bias and grad_x_sum from the blocks' partial column sums (with dx_only,
   // grad_x_sum alone).
   auto reduce_partials = [&](const Partials& p, int64_t parts, bool dx_only = false) {
-    ColumnSums<T> column_sums;
+    PartialRowSums<S, T> column_sums;
     if (!dx_only && grad_weight.defined()) column_sums.add(p.ptr(p.dw), device_ptr<T>(grad_weight));
     if (!dx_only && grad_bias.defined()) column_sums.add(p.ptr(p.db), device_ptr<T>(grad_bias));
     if (x_sum) column_sums.add(p.ptr(p.ds), device_ptr<T>(grad_x_sum));
-    if (column_sums.count == 0) return;
-    const dim3 reduce_grid(static_cast<unsigned>((d + 31) / 32), static_cast<unsigned>(column_sums.count));
-    layer_norm_reduce_partials<T><<<reduce_grid, dim3(32, kReduceRows), 0, stream>>>(column_sums, parts, d);
-    check_launch("layer_norm_backward (partial sums)");
+    launch_sum_partial_rows(column_sums, parts, d, stream, "layer_norm_backward (partial sums)");
   };
 
   constexpr int V = 16 / sizeof(T);
