@@ -1,6 +1,7 @@
 // The device-neutral side of the linear layer: argument checks, then cuBLASLt with its bias and
 // GELU epilogues on CUDA, or matmul + add + gelu composed from plain kernels (the CPU, f64, and
 // problems cuBLASLt has no fused algorithm for).
+#include <algorithm>
 #include <cstdint>
 
 #include "tandem/core/backend.h"
@@ -94,26 +95,49 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
   TANDEM_CHECK_AS(ValueError, act == Activation::none || (pre.defined() && pre.shape() == grad_out.shape()),
                   "linear_backward: the activation's gradient needs the pre-activation shaped ",
                   shape_str(grad_out.shape()));
-  Tensor g = as_matrix(grad_out);                                                                 // (M, N)
-  if (act == Activation::gelu_tanh) g = unary_backward(UnaryOp::gelu_tanh, g, as_matrix(pre));  // d pre
+  Tensor g = as_matrix(grad_out);  // (M, N)
   LinearGrads grads;
+  if (act == Activation::gelu_tanh) {
+    if (need_bias && g.device().is_cuda()) {
+      // GELU's backward and the bias gradient (d pre's column sums) in one pass; the weight's
+      // product below then needs no bias-gradient epilogue.
+      Tensor d_pre = empty(g.shape(), g.options());  // (M, N)
+      grads.bias = empty({n}, g.options());          // (N,)
+      cuda::gelu_backward_column_sums(g, as_matrix(pre), d_pre, grads.bias);
+      g = d_pre;
+    } else {
+      g = unary_backward(UnaryOp::gelu_tanh, g, as_matrix(pre));  // d pre (M, N)
+    }
+  }
+  const bool bias_left = need_bias && !grads.bias.defined();
   if (need_x)
     grads.x = views::reshape(matmul(g, weight), output_shape(grad_out, weight.shape()[1]));  // (M, N) @ (N, K)
   if (need_weight) {
     Tensor x2 = as_matrix(x);  // (M, K)
     if (fused_on_cuda(g, n, Activation::none) && g.numel() > 0 && x2.numel() > 0) {
       Tensor gw = empty(weight.shape(), weight.options());              // (N, K)
-      Tensor gb = need_bias ? empty({n}, weight.options()) : Tensor();  // (N,)
+      Tensor gb = bias_left ? empty({n}, weight.options()) : Tensor();  // (N,)
       if (cuda::linear_backward_weight(g, x2, gw, gb)) {
         grads.weight = gw;
-        grads.bias = gb;
+        if (bias_left) grads.bias = gb;
         return grads;
       }
     }
     grads.weight = matmul(views::transpose(g, 0, 1), x2);  // (N, M) @ (M, K)
   }
-  if (need_bias) grads.bias = reduce(ReduceOp::sum, g, {0}, false);  // (N,)
+  if (bias_left) grads.bias = reduce(ReduceOp::sum, g, {0}, false);  // (N,)
   return grads;
+}
+
+bool input_gelu_in_epilogue(const Tensor& grad_out, const Tensor& weight) {
+  const int64_t n = weight.shape()[0], k = weight.shape()[1];
+  const int64_t m = grad_out.numel() / std::max<int64_t>(n, 1);
+  // 16-bit only: with DGELU in f32 GPT-2's TF32 step was 3% slower, in bf16 0.5% faster (one
+  // H200, 2026-11-24). And only from kDgeluMinRows rows: cuBLASLt runs DGELU on an older kernel
+  // that is slow on few rows, where a plain matmul and GELU's backward take less time.
+  constexpr int64_t kDgeluMinRows = 4096;
+  const bool half = grad_out.dtype() == DType::bf16 || grad_out.dtype() == DType::f16;
+  return half && m >= kDgeluMinRows && fused_on_cuda(grad_out, k, Activation::gelu_tanh) && n > 0;
 }
 
 Tensor linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre) {
@@ -125,12 +149,7 @@ Tensor linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, 
                   shape_str(output_shape(grad_out, k)));
   Tensor g = as_matrix(grad_out);  // (M, N)
   const int64_t m = g.shape()[0];
-  // 16-bit only: with DGELU in f32 GPT-2's TF32 step was 3% slower, in bf16 0.5% faster (one
-  // H200, 2026-11-24). And only from kDgeluMinRows rows: cuBLASLt runs DGELU on an older kernel
-  // that is slow on few rows, where a plain matmul and GELU's backward take less time.
-  constexpr int64_t kDgeluMinRows = 4096;
-  const bool half = g.dtype() == DType::bf16 || g.dtype() == DType::f16;
-  if (half && m >= kDgeluMinRows && fused_on_cuda(g, k, Activation::gelu_tanh) && n > 0) {
+  if (input_gelu_in_epilogue(grad_out, weight)) {
     Tensor d_pre = empty({m, k}, g.options());  // (M, K)
     if (cuda::linear_backward_input_gelu(g, contiguous(weight), as_matrix(pre), d_pre)) {
       return views::reshape(d_pre, pre.shape());

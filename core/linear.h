@@ -28,9 +28,14 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
                             Activation act, bool need_x, bool need_weight, bool need_bias);
 
 // The input gradient of a linear layer whose input was gelu_tanh(pre), for the two-layer GELU MLP:
-// grad_out (..., N), weight (N, K), pre (..., K) -> d pre (..., K). On CUDA in bf16 and f16 one
-// cuBLASLt matmul with the DGELU epilogue; elsewhere (f32 too) matmul and gelu's backward.
+// grad_out (..., N), weight (N, K), pre (..., K) -> d pre (..., K). One cuBLASLt matmul with the
+// DGELU epilogue where input_gelu_in_epilogue says so; elsewhere matmul and gelu's backward.
 Tensor linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre);
+// Whether linear_backward_input_gelu runs GELU's backward in the matmul's epilogue: on CUDA, in
+// bf16 and f16, from 4096 rows. Elsewhere a caller that also wants the bias gradient of pre's layer
+// does better with linear_backward(grad of gelu(pre), ..., Activation::gelu_tanh, ...), which on
+// CUDA sums it in GELU's backward pass.
+bool input_gelu_in_epilogue(const Tensor& grad_out, const Tensor& weight);
 
 }  // namespace kernels
 }  // namespace tandem

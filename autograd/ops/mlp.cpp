@@ -1,9 +1,10 @@
 // The transformer's two-layer GELU MLP as one differentiable op:
 //   pre = x W_fc^T + b_fc, h = gelu_tanh(pre), y = h W_proj^T + b_proj.
 // Backward, from g = dy: the projection's weight and bias gradients (dW_proj = g^T h, BGRADB on
-// CUDA); then d pre = gelu'(pre) * (g W_proj) in one matmul (the DGELU epilogue on CUDA), and fc's
-// input, weight and bias gradients from d pre. Saved: x, pre and h, as the two
-// linear ops would keep them.
+// CUDA); then d pre = gelu'(pre) * (g W_proj), in one matmul with the DGELU epilogue in 16 bits
+// from 4096 rows on CUDA, else as the linear op does it (the matmul, then GELU's backward with fc's
+// bias gradient in one pass on CUDA); and fc's input, weight and bias gradients from d pre. Saved:
+// x, pre and h, as the two linear ops would keep them.
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
 #include "tandem/core/kernels.h"
@@ -27,14 +28,19 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
       [sx = need_fc_w ? saved(x) : Tensor(), s_fc_w = saved(fc_weight), s_proj_w = saved(proj_weight),
        pre = saved(fc.pre), h = need_proj_w ? saved(fc.out) : Tensor(), need_x, need_fc_w, need_fc_b, need_proj_w,
        need_proj_b, need_pre](const Tensor& g) -> std::vector<Tensor> {
-        // (..., C') -> dW_proj (C', H), db_proj (C',)
-        kernels::LinearGrads proj_grads = kernels::linear_backward(g, h, s_proj_w, Tensor(), Activation::none,
-                                                                   /*need_x=*/false, need_proj_w, need_proj_b);
+        // GELU's backward in the DGELU epilogue of the product that makes d h, or (elsewhere) after
+        // that product, in one pass with fc's bias gradient.
+        const bool dgelu = need_pre && kernels::input_gelu_in_epilogue(g, s_proj_w);
+        // (..., C') -> dW_proj (C', H), db_proj (C',), and d h (..., H) without DGELU
+        kernels::LinearGrads proj_grads = kernels::linear_backward(
+            g, h, s_proj_w, Tensor(), Activation::none, /*need_x=*/need_pre && !dgelu, need_proj_w, need_proj_b);
         if (!need_pre) return {Tensor(), Tensor(), Tensor(), proj_grads.weight, proj_grads.bias};
-        Tensor d_pre = kernels::linear_backward_input_gelu(g, s_proj_w, pre);  // (..., H)
-        // fc's bias gradient comes out of its weight gradient's matmul (BGRADB) on CUDA.
+        // fc's bias gradient: after DGELU from its weight gradient's matmul (BGRADB) on CUDA.
         kernels::LinearGrads fc_grads =
-            kernels::linear_backward(d_pre, sx, s_fc_w, Tensor(), Activation::none, need_x, need_fc_w, need_fc_b);
+            dgelu ? kernels::linear_backward(kernels::linear_backward_input_gelu(g, s_proj_w, pre), sx, s_fc_w,
+                                             Tensor(), Activation::none, need_x, need_fc_w, need_fc_b)
+                  : kernels::linear_backward(proj_grads.x, sx, s_fc_w, pre, Activation::gelu_tanh, need_x, need_fc_w,
+                                             need_fc_b);
         return {fc_grads.x, fc_grads.weight, fc_grads.bias, proj_grads.weight, proj_grads.bias};
       });
 }

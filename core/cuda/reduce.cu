@@ -287,6 +287,8 @@ __global__ void content_hash_kernel(const unsigned char* bytes, size_t nbytes, u
 // The squared error and its gradient (kernels::squared_error_with_grad): each block takes a
 // grid-stride share of the elements (16-byte loads where every pointer allows), writes their
 // gradients and its partial sum of squares; one block then adds the partial sums in a fixed order.
+// (combine_partials, made for many outputs, took 8.4 us for the MLP's 528 partial sums where
+// squared_error_total takes 2.4: one H200, 2026-11-25.)
 constexpr int kSquaredErrorThreads = 256;
 
 template <typename T, int V>

@@ -1,0 +1,76 @@
+// GELU's backward with the column sums of its result in one pass (the bias gradient of the linear
+// layer before GELU; core/cuda/gelu_backward.cu), on fresh random inputs in every floating dtype:
+// d pre has the bits of the GPU's unary_backward (the same formula, rounded once), and its column
+// sums match an f64 sum of that d pre on the CPU. Widths with and without 16-byte vectors, views
+// one element in (no 16-byte loads), one row, no rows, and the same bits run after run.
+#include "support/test_util.h"
+#include "tandem/core/backend.h"
+#include "tandem/core/kernels.h"
+#include "tandem/core/views.h"
+
+namespace tandem {
+namespace {
+
+Tensor on_cpu_f64(const Tensor& t) { return to(to(t, Device("cpu")), DType::f64); }
+
+// A column sum's error relative to the sum of its terms' magnitudes (up to 1024 terms added in f32,
+// or f64 for f64 data), and the relative rounding of the result to the dtype.
+double sum_tolerance(DType dtype) { return dtype == DType::f64 ? 1e-12 : 1e-5; }
+double rounding(DType dtype) { return dtype == DType::bf16 ? 1.0 / 256 : dtype == DType::f16 ? 1.0 / 2048 : 0.0; }
+
+// A (rows, n) contiguous matrix on the GPU, as a view `start` elements into its buffer.
+Tensor random_matrix(int64_t rows, int64_t n, int64_t start, double low, double high, DType dtype) {
+  Tensor all = to(to(testing::random_uniform({rows * n + start}, low, high), dtype), Device("cuda"));
+  return views::reshape(views::narrow(all, 0, start, rows * n), {rows, n});
+}
+
+struct GeluBackwardResult {
+  Tensor grad_pre;    // (rows, n)
+  Tensor column_sum;  // (n,)
+};
+
+GeluBackwardResult run(const Tensor& grad, const Tensor& pre) {
+  GeluBackwardResult r{empty(grad.shape(), grad.options()), empty({grad.shape()[1]}, grad.options())};
+  cuda::gelu_backward_column_sums(grad, pre, r.grad_pre, r.column_sum);
+  return r;
+}
+
+TEST(GeluBackwardColumnSums, MatchesTheElementwiseKernelAndAnF64Sum) {
+  TANDEM_REQUIRE_CUDA();
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 4096}, {1000, 3072}, {77, 44}, {1, 8}, {0, 16}};
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (const auto& [rows, n] : shapes) {
+      for (int64_t start : {0, 1}) {
+        SCOPED_TRACE(::testing::Message()
+                     << dtype_name(dtype) << " (" << rows << ", " << n << ")" << (start ? " unaligned" : ""));
+        Tensor grad = random_matrix(rows, n, start, -1.0, 1.0, dtype);
+        Tensor pre = random_matrix(rows, n, start, -4.0, 4.0, dtype);
+        GeluBackwardResult got = run(grad, pre);
+        Tensor expected = kernels::unary_backward(UnaryOp::gelu_tanh, grad, pre);  // (rows, n)
+        EXPECT_TRUE(testing::all_close(on_cpu_f64(got.grad_pre), on_cpu_f64(expected), 0, 0)) << "d pre";
+        // Each column's sum within f32's rounding of its terms' magnitudes, plus the one rounding
+        // of the sum to the dtype.
+        Tensor grad_pre = on_cpu_f64(got.grad_pre);
+        Tensor exact = sum(grad_pre, {0});  // (n,) in f64
+        Tensor allowed = add(mul(sum(abs(grad_pre), {0}), sum_tolerance(dtype)), mul(abs(exact), rounding(dtype)));
+        Tensor excess = sub(abs(sub(on_cpu_f64(got.column_sum), exact)), allowed);  // (n,): <= 0 where close
+        if (n > 0) EXPECT_LE(amax(excess).item<double>(), 0.0) << "column sums";
+      }
+    }
+  }
+}
+
+TEST(GeluBackwardColumnSums, IsReproducible) {
+  TANDEM_REQUIRE_CUDA();
+  Tensor grad = random_matrix(1024, 3072, 0, -1.0, 1.0, DType::bf16);
+  Tensor pre = random_matrix(1024, 3072, 0, -4.0, 4.0, DType::bf16);
+  GeluBackwardResult first = run(grad, pre);
+  for (int again = 0; again < 3; ++again) {
+    GeluBackwardResult r = run(grad, pre);
+    EXPECT_TRUE(testing::all_close(on_cpu_f64(r.grad_pre), on_cpu_f64(first.grad_pre), 0, 0));
+    EXPECT_TRUE(testing::all_close(on_cpu_f64(r.column_sum), on_cpu_f64(first.column_sum), 0, 0));
+  }
+}
+
+}  // namespace
+}  // namespace tandem
