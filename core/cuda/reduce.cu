@@ -191,6 +191,37 @@ __global__ void combine_partials(const State<A>* partial, int64_t outputs, int64
   write_result<Op>(s, n, out, out_index, pos);
 }
 
+// One output's partial states (chunks,), combined by a whole block: thread t combines chunks t,
+// t + kRowThreads, ... in order, then cub's block reduction combines the threads' results in its
+// fixed order. (combine_partials gives a single output 32 threads, one per warp: the MLP loss's
+// 528 partial sums took 8.4 us there and take 3.0 us here, one H200, 2026-11-25.)
+template <ReduceOp Op, typename T, typename A>
+__global__ void __launch_bounds__(kRowThreads)
+    combine_partials_one(const State<A>* partial, int64_t chunks, int64_t n, T* out, int64_t* out_index) {
+  using Block = cub::BlockReduce<State<A>, kRowThreads>;
+  __shared__ typename Block::TempStorage temp;
+  Reducer<Op, A> combine;
+  State<A> s = Reducer<Op, A>::identity();
+  for (int64_t c = threadIdx.x; c < chunks; c += kRowThreads) s = combine(s, partial[c]);
+  s = Block(temp).Reduce(s, combine);
+  if (threadIdx.x == 0) write_result<Op>(s, n, out, out_index, 0);
+}
+
+// Launches the combining kernel that suits the number of outputs.
+template <ReduceOp Op, typename T, typename A>
+void launch_combine_partials(const State<A>* partial, int64_t outputs, int64_t chunks, int64_t n, T* out,
+                             int64_t* out_index, cudaStream_t stream, const char* what) {
+  if (outputs == 1) {
+    combine_partials_one<Op, T, A><<<1, kRowThreads, 0, stream>>>(partial, chunks, n, out, out_index);
+  } else {
+    // Few outputs get more threads per output: each walks fewer chunks.
+    const unsigned rows = outputs <= 32 ? kMaxCombineRows : 8;
+    const dim3 grid(static_cast<unsigned>((outputs + 31) / 32));
+    combine_partials<Op, T, A><<<grid, dim3(32, rows), 0, stream>>>(partial, outputs, chunks, n, out, out_index);
+  }
+  check_launch(what);
+}
+
 template <typename T>
 using reduce_acc_t = std::conditional_t<std::is_floating_point_v<acc_t<T>>, acc_t<T>, int64_t>;
 
@@ -242,13 +273,7 @@ void reduce_typed(const Tensor& x, const Tensor& out) {
     if (!launched) reduce_columns<Op, T, A><<<grid, block, 0, stream>>>(px, n, inner, chunk, po, pi, partial);
   }
   check_launch(reduce_op_name(Op));
-  if (chunks > 1) {
-    // Few outputs (a full reduction) get more threads per output: each walks fewer chunks.
-    const unsigned rows = outputs <= 32 ? kMaxCombineRows : 8;
-    const dim3 combine_grid(static_cast<unsigned>((outputs + 31) / 32));
-    combine_partials<Op, T, A><<<combine_grid, dim3(32, rows), 0, stream>>>(partial, outputs, chunks, n, po, pi);
-    check_launch("reduce combine");
-  }
+  if (chunks > 1) launch_combine_partials<Op, T, A>(partial, outputs, chunks, n, po, pi, stream, "reduce combine");
 }
 
 template <typename T>
@@ -286,15 +311,14 @@ __global__ void content_hash_kernel(const unsigned char* bytes, size_t nbytes, u
 
 // The squared error and its gradient (kernels::squared_error_with_grad): each block takes a
 // grid-stride share of the elements (16-byte loads where every pointer allows), writes their
-// gradients and its partial sum of squares; one block then adds the partial sums in a fixed order.
-// (combine_partials, made for many outputs, took 8.4 us for the MLP's 528 partial sums where
-// squared_error_total takes 2.4: one H200, 2026-11-25.)
+// gradients and its partial sum of squares; combine_partials_one then adds the partial sums in a
+// fixed order (and divides by n for the mean).
 constexpr int kSquaredErrorThreads = 256;
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kSquaredErrorThreads)
     squared_error_partials(const T* __restrict__ input, const T* __restrict__ target, int64_t n, acc_t<T> unit,
-                           T* __restrict__ grad, acc_t<T>* __restrict__ partials) {  // (n,) x 3, (gridDim.x,)
+                           T* __restrict__ grad, State<acc_t<T>>* __restrict__ partials) {  // (n,) x 3, (gridDim.x,)
   using A = acc_t<T>;
   using Block = cub::BlockReduce<A, kSquaredErrorThreads>;
   __shared__ typename Block::TempStorage temp;
@@ -318,19 +342,7 @@ __global__ void __launch_bounds__(kSquaredErrorThreads)
   }
   for (int64_t i = vectors * V + first; i < n; i += stride) grad[i] = one(input[i], target[i]);
   const A block_squares = Block(temp).Sum(squares);
-  if (threadIdx.x == 0) partials[blockIdx.x] = block_squares;
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kSquaredErrorThreads)
-    squared_error_total(const acc_t<T>* __restrict__ partials, int blocks, int64_t n, bool mean, T* loss) {
-  using A = acc_t<T>;
-  using Block = cub::BlockReduce<A, kSquaredErrorThreads>;
-  __shared__ typename Block::TempStorage temp;
-  A sum = 0;
-  for (int b = threadIdx.x; b < blocks; b += kSquaredErrorThreads) sum += partials[b];
-  const A total = Block(temp).Sum(sum);
-  if (threadIdx.x == 0) *loss = cast_to<T>(mean ? total / static_cast<A>(n) : total);
+  if (threadIdx.x == 0) partials[blockIdx.x] = State<A>{block_squares, 0};
 }
 }  // namespace
 
@@ -362,16 +374,17 @@ void squared_error_with_grad(const Tensor& input, const Tensor& target, bool mea
     // A few blocks per SM: enough loads in flight, and few partial sums to add.
     const int blocks =
         blocks_for(vectorised ? (n + V - 1) / V : n, kSquaredErrorThreads, 4LL * multiprocessors(device));
-    const DType partial_dtype = input.dtype() == DType::f64 ? DType::f64 : DType::f32;  // A's
-    Tensor partials = empty({blocks}, TensorOptions(partial_dtype, input.device()));    // (blocks,)
+    Tensor partials = empty({static_cast<int64_t>(blocks * sizeof(State<A>))},
+                            TensorOptions(DType::u8, input.device()));  // (blocks,) State<A>
+    State<A>* pp = device_ptr<State<A>>(partials);
     const A unit = mean ? static_cast<A>(1.0 / static_cast<double>(n)) : A(1);
     auto kernel = vectorised ? squared_error_partials<T, V> : squared_error_partials<T, 1>;
     kernel<<<blocks, kSquaredErrorThreads, 0, stream>>>(device_ptr<const T>(input), device_ptr<const T>(target), n,
-                                                         unit, device_ptr<T>(grad), device_ptr<A>(partials));
+                                                         unit, device_ptr<T>(grad), pp);
     check_launch("mse_loss");
-    squared_error_total<T><<<1, kSquaredErrorThreads, 0, stream>>>(device_ptr<const A>(partials), blocks, n, mean,
-                                                                   device_ptr<T>(loss));
-    check_launch("mse_loss total");
+    T* out = device_ptr<T>(loss);
+    if (mean) launch_combine_partials<ReduceOp::mean, T, A>(pp, 1, blocks, n, out, nullptr, stream, "mse_loss total");
+    else launch_combine_partials<ReduceOp::sum, T, A>(pp, 1, blocks, n, out, nullptr, stream, "mse_loss total");
   });
 }
 

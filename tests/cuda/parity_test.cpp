@@ -150,7 +150,7 @@ std::vector<Case> cases() {
       Case{"max_values", {InputSpec{{9, 65}, {1, 65}}}, [](V x) { return max(x[0], 1).values; }, false},
       Case{"argmax", {InputSpec{{9, 65}, {9, 65}}}, [](V x) { return to(argmax(x[0], 1), x[0].dtype()); }, false},
       Case{"argmin_all", {InputSpec{{9, 65}, {9, 65}}}, [](V x) { return to(argmin(x[0], 0), x[0].dtype()); }, false},
-      // A whole 1M-element tensor reduced in 256 chunks, whose partials 32 threads combine (the
+      // A whole 1M-element tensor reduced in 256 chunks, whose partials one block combines (the
       // arg reductions across chunks have a test of their own below).
       Case{"mean_all_many_chunks", {InputSpec{{1024, 1024}, {1, 1024}}}, [](V x) { return mean(x[0]); }, true, 8},
       Case{"amax_all_many_chunks", {InputSpec{{1024, 1024}, {1, 1024}}}, [](V x) { return amax(x[0], {0, 1}); }, false},
