@@ -10,6 +10,7 @@
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/allocator.h"
+#include "tandem/core/cuda/graph_memsets.h"
 #include "tandem/core/cuda/runtime.h"
 #include "tandem/core/random.h"
 
@@ -247,6 +248,7 @@ void Graph::capture_end() {
                  "cannot be captured");
   }
   s.graph = graph;
+  replace_memset_nodes(graph);
   status = cudaGraphInstantiate(&s.exec, graph, 0);
   if (status != cudaSuccess) {
     cudaGetLastError();

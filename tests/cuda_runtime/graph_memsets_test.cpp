@@ -1,0 +1,138 @@
+// Memset nodes of a graph replaced by kernel nodes (core/cuda/graph_memsets.h): a graph of memsets
+// of every element size (1, 2 and 4 bytes; one row and pitched rows) between copies that read and
+// overwrite what they wrote writes the same bytes after the rewrite as before it, replay after
+// replay, and holds no memset node any more. Calls the CUDA runtime directly, so it is built only
+// with the CUDA backend; skips without a GPU.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "support/test_util.h"
+#include "tandem/core/cuda/check.h"
+#include "tandem/core/cuda/graph_memsets.h"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr size_t kBytes = 64 << 10;
+constexpr unsigned char kBackground = 0xA5;  // what every byte holds before a launch
+
+struct Memset {
+  size_t offset, pitch, width, height;  // offset and pitch in bytes, width in elements
+  unsigned element_size, value;
+};
+
+// The bytes a launch of the graph below leaves in `out` (kBytes), written on the host.
+std::vector<unsigned char> expected_bytes(const std::vector<Memset>& memsets, size_t copy_from, size_t copy_to,
+                                          size_t copy_bytes) {
+  std::vector<unsigned char> bytes(kBytes, kBackground);
+  for (const Memset& m : memsets) {
+    for (size_t row = 0; row < m.height; ++row) {
+      for (size_t i = 0; i < m.width; ++i) {
+        std::memcpy(&bytes[m.offset + row * m.pitch + i * m.element_size], &m.value, m.element_size);
+      }
+    }
+  }
+  std::memmove(&bytes[copy_to], &bytes[copy_from], copy_bytes);
+  return bytes;
+}
+
+int nodes_of_type(cudaGraph_t graph, cudaGraphNodeType type) {
+  size_t count = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  int n = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    n += t == type;
+  }
+  return n;
+}
+
+TEST(GraphMemsetNodes, BecomeKernelNodesThatWriteTheSameBytes) {
+  TANDEM_REQUIRE_CUDA();
+  TANDEM_CUDA_CHECK(cudaSetDevice(0));
+  unsigned char* buffer = nullptr;
+  TANDEM_CUDA_CHECK(cudaMalloc(&buffer, kBytes));
+  cudaStream_t stream = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // Three memsets on independent branches, a copy that reads the first two once they are done, and
+  // a 4-byte memset (as cuDNN's attention issues) after the copy that overwrites part of its output.
+  const std::vector<Memset> memsets = {
+      {0, 0, 1000, 1, 1, 0x5C},              // bytes
+      {4096, 256, 100, 7, 2, 0xBEEF},        // 16-bit values in pitched rows
+      {8192, 4096, 1000, 3, 4, 0x12345678},  // 32-bit values in pitched rows
+  };
+  const Memset last = {20000, 0, 1, 1, 4, 0xCAFEF00D};
+  const size_t copy_from = 0, copy_to = 16384, copy_bytes = 5000;
+  cudaGraph_t graph = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphCreate(&graph, 0));
+  std::vector<cudaGraphNode_t> sets;
+  auto add_memset = [&](const Memset& m, const cudaGraphNode_t* deps, size_t count) {
+    cudaMemsetParams p{};
+    p.dst = buffer + m.offset;
+    p.pitch = m.height > 1 ? m.pitch : 0;
+    p.value = m.value;
+    p.elementSize = m.element_size;
+    p.width = m.width;
+    p.height = m.height;
+    cudaGraphNode_t node = nullptr;
+    TANDEM_CUDA_CHECK(cudaGraphAddMemsetNode(&node, graph, deps, count, &p));
+    return node;
+  };
+  for (const Memset& m : memsets) sets.push_back(add_memset(m, nullptr, 0));
+  cudaGraphNode_t copy = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphAddMemcpyNode1D(&copy, graph, sets.data(), sets.size(), buffer + copy_to,
+                                             buffer + copy_from, copy_bytes, cudaMemcpyDeviceToDevice));
+  add_memset(last, &copy, 1);
+  std::vector<Memset> all = memsets;
+  std::vector<unsigned char> want = expected_bytes(all, copy_from, copy_to, copy_bytes);
+  std::memcpy(&want[last.offset], &last.value, 4);
+
+  ASSERT_EQ(nodes_of_type(graph, cudaGraphNodeTypeMemset), 4);
+  EXPECT_EQ(replace_memset_nodes(graph), 4);
+  EXPECT_EQ(nodes_of_type(graph, cudaGraphNodeTypeMemset), 0);
+  EXPECT_EQ(nodes_of_type(graph, cudaGraphNodeTypeKernel), 4);
+  size_t edges = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
+  EXPECT_EQ(edges, 4u);  // three into the copy, one out of it
+
+  cudaGraphExec_t exec = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(buffer, kBackground, kBytes, stream));
+    TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    std::vector<unsigned char> got(kBytes);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(got.data(), buffer, kBytes, cudaMemcpyDeviceToHost, stream));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    size_t first_wrong = kBytes;
+    for (size_t i = 0; i < kBytes && first_wrong == kBytes; ++i) {
+      if (got[i] != want[i]) first_wrong = i;
+    }
+    EXPECT_EQ(first_wrong, kBytes) << "replay " << replay << ": byte " << first_wrong << " is " << int(got[first_wrong])
+                                   << ", expected " << int(want[first_wrong]);
+  }
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
+  TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
+  TANDEM_CUDA_CHECK(cudaFree(buffer));
+}
+
+TEST(GraphMemsetNodes, AGraphWithoutMemsetsIsLeftAsItIs) {
+  TANDEM_REQUIRE_CUDA();
+  cudaGraph_t graph = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphCreate(&graph, 0));
+  cudaGraphNode_t empty_node = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphAddEmptyNode(&empty_node, graph, nullptr, 0));
+  EXPECT_EQ(replace_memset_nodes(graph), 0);
+  size_t count = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  EXPECT_EQ(count, 1u);
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+}  // namespace
+}  // namespace tandem::cuda
