@@ -10,7 +10,7 @@
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/allocator.h"
-#include "tandem/core/cuda/graph_memsets.h"
+#include "tandem/core/cuda/graph_rewrite.h"
 #include "tandem/core/cuda/runtime.h"
 #include "tandem/core/random.h"
 
@@ -249,6 +249,7 @@ void Graph::capture_end() {
   }
   s.graph = graph;
   replace_memset_nodes(graph);
+  replace_small_upload_nodes(graph);
   status = cudaGraphInstantiate(&s.exec, graph, 0);
   if (status != cudaSuccess) {
     cudaGetLastError();

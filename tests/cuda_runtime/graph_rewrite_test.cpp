@@ -1,4 +1,4 @@
-// Memset nodes of a graph replaced by kernel nodes (core/cuda/graph_memsets.h): a graph of memsets
+// Memset nodes of a graph replaced by kernel nodes (core/cuda/graph_rewrite.h): a graph of memsets
 // of every element size (1, 2 and 4 bytes; one row and pitched rows) between copies that read and
 // overwrite what they wrote writes the same bytes after the rewrite as before it, replay after
 // replay, and holds no memset node any more. Calls the CUDA runtime directly, so it is built only
@@ -9,7 +9,7 @@
 
 #include "support/test_util.h"
 #include "tandem/core/cuda/check.h"
-#include "tandem/core/cuda/graph_memsets.h"
+#include "tandem/core/cuda/graph_rewrite.h"
 
 namespace tandem::cuda {
 namespace {
@@ -96,6 +96,8 @@ TEST(GraphMemsetNodes, BecomeKernelNodesThatWriteTheSameBytes) {
   EXPECT_EQ(replace_memset_nodes(graph), 4);
   EXPECT_EQ(nodes_of_type(graph, cudaGraphNodeTypeMemset), 0);
   EXPECT_EQ(nodes_of_type(graph, cudaGraphNodeTypeKernel), 4);
+  EXPECT_EQ(replace_small_upload_nodes(graph), 0);  // a device-to-device copy stays one
+  EXPECT_EQ(nodes_of_type(graph, cudaGraphNodeTypeMemcpy), 1);
   size_t edges = 0;
   TANDEM_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
   EXPECT_EQ(edges, 4u);  // three into the copy, one out of it
@@ -121,13 +123,74 @@ TEST(GraphMemsetNodes, BecomeKernelNodesThatWriteTheSameBytes) {
   TANDEM_CUDA_CHECK(cudaFree(buffer));
 }
 
-TEST(GraphMemsetNodes, AGraphWithoutMemsetsIsLeftAsItIs) {
+TEST(GraphUploadNodes, SmallUploadsFromPinnedMemoryBecomeKernelsThatReadItAtEveryReplay) {
+  TANDEM_REQUIRE_CUDA();
+  TANDEM_CUDA_CHECK(cudaSetDevice(0));
+  const size_t large = kMaxKernelUploadBytes + 16;
+  unsigned char* device = nullptr;
+  unsigned char* pinned = nullptr;
+  TANDEM_CUDA_CHECK(cudaMalloc(&device, 2 * large));
+  TANDEM_CUDA_CHECK(cudaHostAlloc(&pinned, 2 * large, cudaHostAllocDefault));
+  struct Upload {
+    size_t from, to, bytes;  // offsets into pinned and device
+  };
+  // 16-byte pieces; both ends one byte in; an odd size; the largest a kernel takes; one too large.
+  const std::vector<Upload> uploads = {{0, 0, 8192},
+                                       {8193, 8193, 10657},
+                                       {30001, 40003, 7},
+                                       {large, large, kMaxKernelUploadBytes},
+                                       {0, large, large - 16 + 8}};
+  cudaGraph_t graph = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphCreate(&graph, 0));
+  cudaGraphNode_t previous = nullptr;
+  for (const Upload& u : uploads) {  // one after the other: the last overwrites part of the others
+    cudaGraphNode_t node = nullptr;
+    TANDEM_CUDA_CHECK(cudaGraphAddMemcpyNode1D(&node, graph, previous ? &previous : nullptr, previous ? 1 : 0,
+                                               device + u.to, pinned + u.from, u.bytes, cudaMemcpyHostToDevice));
+    previous = node;
+  }
+  EXPECT_EQ(replace_small_upload_nodes(graph), 4);
+  EXPECT_EQ(nodes_of_type(graph, cudaGraphNodeTypeMemcpy), 1);
+  EXPECT_EQ(nodes_of_type(graph, cudaGraphNodeTypeKernel), 4);
+  size_t edges = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
+  EXPECT_EQ(edges, 4u);
+
+  cudaStream_t stream = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraphExec_t exec = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    // New host values before each replay: the replay reads them, not the ones at instantiation.
+    for (size_t i = 0; i < 2 * large; ++i) pinned[i] = static_cast<unsigned char>((i * 7 + replay * 13) % 251);
+    std::vector<unsigned char> want(2 * large, kBackground);
+    for (const Upload& u : uploads) std::memcpy(&want[u.to], &pinned[u.from], u.bytes);
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(device, kBackground, 2 * large, stream));
+    TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    std::vector<unsigned char> got(2 * large);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(got.data(), device, 2 * large, cudaMemcpyDeviceToHost, stream));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    size_t first_wrong = got.size();
+    for (size_t i = 0; i < got.size() && first_wrong == got.size(); ++i) {
+      if (got[i] != want[i]) first_wrong = i;
+    }
+    EXPECT_EQ(first_wrong, got.size()) << "replay " << replay << ": byte " << first_wrong;
+  }
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
+  TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
+  TANDEM_CUDA_CHECK(cudaFreeHost(pinned));
+  TANDEM_CUDA_CHECK(cudaFree(device));
+}
+
+TEST(GraphMemsetNodes, AGraphWithoutMemsetsOrUploadsIsLeftAsItIs) {
   TANDEM_REQUIRE_CUDA();
   cudaGraph_t graph = nullptr;
   TANDEM_CUDA_CHECK(cudaGraphCreate(&graph, 0));
   cudaGraphNode_t empty_node = nullptr;
   TANDEM_CUDA_CHECK(cudaGraphAddEmptyNode(&empty_node, graph, nullptr, 0));
   EXPECT_EQ(replace_memset_nodes(graph), 0);
+  EXPECT_EQ(replace_small_upload_nodes(graph), 0);
   size_t count = 0;
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
   EXPECT_EQ(count, 1u);

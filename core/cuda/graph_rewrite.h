@@ -1,0 +1,30 @@
+#pragma once
+// Nodes of a captured graph that the copy engines would run, replaced by kernel nodes that do the
+// same work (core/cuda/graph_rewrite.cu). Graph::capture_end applies both before instantiating.
+//
+// Why: in a replay on an H200 (2026-11-25) a memset node held the next kernel back by about 5 us
+// and a small host-to-device copy node by about 10, where a kernel node costs about 1. cuDNN's
+// attention issues a 4-byte memset before each call (24 in a GPT-2 step), and tandem's uploads
+// inside a capture (the optimizers' tensor tables, `arange`, `from_vector`) are copies of a few KiB
+// from pinned memory the graph owns.
+#include <cuda_runtime.h>
+
+namespace tandem::cuda {
+
+// Replaces every memset node of `graph` by a kernel node that writes the same values to the same
+// bytes, with the same edges (and edge data) in and out. Returns how many nodes were replaced.
+// Nodes inside child graphs are left alone (stream capture makes none).
+int replace_memset_nodes(cudaGraph_t graph);
+
+// Largest host-to-device copy replace_small_upload_nodes hands to a kernel: beyond it the copy
+// engine's bandwidth is worth its fixed cost.
+constexpr size_t kMaxKernelUploadBytes = 64 << 10;
+
+// Replaces every one-dimensional host-to-device copy node of `graph` of at most
+// kMaxKernelUploadBytes whose source is page-locked host memory mapped into the device's address
+// space (cudaHostAlloc's, as the graph's staging buffers are) by a kernel node that reads the
+// source through that mapping, at every replay as the copy did, with the same edges. Returns how
+// many nodes were replaced.
+int replace_small_upload_nodes(cudaGraph_t graph);
+
+}  // namespace tandem::cuda
