@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < vectors;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t c = (i / per_plane) % p.channels;
-    const S scale = invstd[c] * weight[c], shift = bias[c] - mean[c] * scale;
+    const S scale = invstd[c] * weight[c], shift = fma(-mean[c], scale, bias[c]);
     apply_packet<T, V>(x, residual, relu, out, i, [&](int) { return std::pair<S, S>(scale, shift); });
   }
 }
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < V; ++k) {
       const S dy = masked_grad<T>(g.v[k], out.v[k], y != nullptr);
       sum_dy += dy;
-      sum_dy_xmu += dy * (static_cast<S>(to_acc(v.v[k])) - mu);
+      sum_dy_xmu = fma(dy, static_cast<S>(to_acc(v.v[k])) - mu, sum_dy_xmu);
     }
   }
   block_sum2(sum_dy, sum_dy_xmu);

@@ -2,6 +2,12 @@
 // What the NCHW (batch_norm.cu) and channels-last (batch_norm_nhwc.cu) batch-norm kernels share:
 // the statistics type, 16-byte packets, the per-channel finishing formulas, and the fused
 // output (residual add, ReLU) and ReLU-masked gradient.
+//
+// Where a product meets a sum, the formulas say how it is rounded (fma(), or rounded_product() for
+// a product rounded on its own): left to the compiler, dy - grad_bias / M was one fused
+// multiply-add in some code paths of the backward kernel and a product then a subtraction in
+// another, so the fused op's input gradient differed from that of batch norm after relu's
+// backward by one unit in the last place for some inputs.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -79,11 +85,15 @@ template <typename S>
 struct BackwardCoefficients {
   S scale, mean_dy, k, mean;
 };
+// a * b rounded on its own: the compiler may not fuse it into a later add.
+__device__ __forceinline__ float rounded_product(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double rounded_product(double a, double b) { return __dmul_rn(a, b); }
+
 template <typename S>
 __device__ __forceinline__ BackwardCoefficients<S> backward_coefficients(S weight, S invstd, S mean, S grad_weight,
                                                                          S grad_bias, int64_t m) {
   const S inv_m = S(1) / static_cast<S>(m);
-  return {weight * invstd, grad_bias * inv_m, grad_weight * invstd * inv_m, mean};
+  return {weight * invstd, rounded_product(grad_bias, inv_m), grad_weight * invstd * inv_m, mean};
 }
 
 // One packet of the output: out = relu(x * scale + shift [+ residual]); scale_shift(k) gives the
@@ -99,7 +109,7 @@ __device__ __forceinline__ void apply_packet(const T* __restrict__ x, const T* _
   for (int k = 0; k < V; ++k) {
     const auto [scale, shift] = scale_shift(k);
     o.v[k] =
-        finish_output<T>(static_cast<acc_t<T>>(to_acc(v.v[k])) * scale + shift, res.v[k], residual != nullptr, relu);
+        finish_output<T>(fma(static_cast<acc_t<T>>(to_acc(v.v[k])), scale, shift), res.v[k], residual != nullptr, relu);
   }
   store_packed<T, V>(out, packet, o);
 }
@@ -122,7 +132,7 @@ __device__ __forceinline__ void backward_packet(const T* __restrict__ grad_out, 
     const BackwardCoefficients<acc_t<T>> b = coefficients(k);
     const acc_t<T> dy = masked_grad<T>(g.v[k], out.v[k], y != nullptr);
     const acc_t<T> xmu = static_cast<acc_t<T>>(to_acc(v.v[k])) - b.mean;
-    o.v[k] = cast_to<T>(b.scale * (dy - b.mean_dy - xmu * b.k));
+    o.v[k] = cast_to<T>(b.scale * fma(-xmu, b.k, dy - b.mean_dy));
     gr.v[k] = cast_to<T>(dy);
   }
   store_packed<T, V>(grad_x, packet, o);

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int k = 0; k < V; ++k) {
           const S dy = masked_grad<T>(g.v[k], out.v[k], y != nullptr);
           a[k] += dy;
-          b[k] += dy * (static_cast<S>(to_acc(v.v[k])) - ref[k]);
+          b[k] = fma(dy, static_cast<S>(to_acc(v.v[k])) - ref[k], b[k]);
         }
       } else {
 #pragma unroll
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     scale[k] = invstd[c0 + k] * weight[c0 + k];  // as batch_norm.cu's apply computes them
-    shift[k] = bias[c0 + k] - mean[c0 + k] * scale[k];
+    shift[k] = fma(-mean[c0 + k], scale[k], bias[c0 + k]);
   }
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows;
        r += static_cast<int64_t>(gridDim.x) * blockDim.y) {
