@@ -64,28 +64,22 @@ struct Edges {
   std::vector<cudaGraphNode_t> nodes;
   std::vector<cudaGraphEdgeData> data;
 };
-Edges edges_into(cudaGraphNode_t node) {
+// Edges into a node (cudaGraphNodeGetDependencies) or out of it (cudaGraphNodeGetDependentNodes).
+using EdgeQuery = cudaError_t (*)(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t*);
+Edges edges_of(cudaGraphNode_t node, EdgeQuery query) {
   Edges e;
   size_t count = 0;
-  TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &count));
+  TANDEM_CUDA_CHECK(query(node, nullptr, nullptr, &count));
   e.nodes.resize(count);
   e.data.resize(count);
-  if (count > 0) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, e.nodes.data(), e.data.data(), &count));
-  return e;
-}
-Edges edges_out_of(cudaGraphNode_t node) {
-  Edges e;
-  size_t count = 0;
-  TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &count));
-  e.nodes.resize(count);
-  e.data.resize(count);
-  if (count > 0) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, e.nodes.data(), e.data.data(), &count));
+  if (count > 0) TANDEM_CUDA_CHECK(query(node, e.nodes.data(), e.data.data(), &count));
   return e;
 }
 
 // Puts a kernel node with `params` in `node`'s place: the same edges (and edge data) in and out.
 void replace_by_kernel(cudaGraph_t graph, cudaGraphNode_t node, const cudaKernelNodeParams& params) {
-  const Edges in = edges_into(node), out = edges_out_of(node);
+  const Edges in = edges_of(node, cudaGraphNodeGetDependencies);
+  const Edges out = edges_of(node, cudaGraphNodeGetDependentNodes);
   cudaGraphNode_t kernel = nullptr;
   TANDEM_CUDA_CHECK(cudaGraphAddKernelNode(&kernel, graph, nullptr, 0, &params));
   if (!in.nodes.empty()) {

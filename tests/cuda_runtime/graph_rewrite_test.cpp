@@ -37,6 +37,14 @@ std::vector<unsigned char> expected_bytes(const std::vector<Memset>& memsets, si
   return bytes;
 }
 
+// The index of the first byte where got and want differ; their size where none does.
+size_t first_difference(const std::vector<unsigned char>& got, const std::vector<unsigned char>& want) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) return i;
+  }
+  return got.size();
+}
+
 int nodes_of_type(cudaGraph_t graph, cudaGraphNodeType type) {
   size_t count = 0;
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
@@ -110,10 +118,7 @@ TEST(GraphMemsetNodes, BecomeKernelNodesThatWriteTheSameBytes) {
     std::vector<unsigned char> got(kBytes);
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(got.data(), buffer, kBytes, cudaMemcpyDeviceToHost, stream));
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    size_t first_wrong = kBytes;
-    for (size_t i = 0; i < kBytes && first_wrong == kBytes; ++i) {
-      if (got[i] != want[i]) first_wrong = i;
-    }
+    const size_t first_wrong = first_difference(got, want);
     EXPECT_EQ(first_wrong, kBytes) << "replay " << replay << ": byte " << first_wrong << " is " << int(got[first_wrong])
                                    << ", expected " << int(want[first_wrong]);
   }
@@ -170,10 +175,7 @@ TEST(GraphUploadNodes, SmallUploadsFromPinnedMemoryBecomeKernelsThatReadItAtEver
     std::vector<unsigned char> got(2 * large);
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(got.data(), device, 2 * large, cudaMemcpyDeviceToHost, stream));
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    size_t first_wrong = got.size();
-    for (size_t i = 0; i < got.size() && first_wrong == got.size(); ++i) {
-      if (got[i] != want[i]) first_wrong = i;
-    }
+    const size_t first_wrong = first_difference(got, want);
     EXPECT_EQ(first_wrong, got.size()) << "replay " << replay << ": byte " << first_wrong;
   }
   TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
