@@ -104,6 +104,10 @@ namespace tandem {
   /* params of one float dtype on one device, masters either empty or one (maybe undefined) each */ \
   void sgd_step(const UpdateTensors& t, const SgdHyper& h);                                        \
   void adamw_step(const UpdateTensors& t, const AdamWHyper& h);                                    \
+  /* compact master weights (core/master_halves.h), all contiguous and of one shape: param and */   \
+  /* low_halves bf16, master f32 */                                                                \
+  void join_master_halves(const Tensor& param, const Tensor& low_halves, const Tensor& master);     \
+  void split_master(const Tensor& master, const Tensor& param, const Tensor& low_halves);           \
   /* grads contiguous, of one float dtype on one device; inv_scale may be undefined */             \
   void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf,      \
                                      const Tensor& inv_scale);                                      \

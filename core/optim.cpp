@@ -69,9 +69,11 @@ std::vector<UpdateGroup> group_update(const char* op, const UpdateTensors& t, si
     Tensor master = t.masters.empty() ? Tensor() : t.masters[i];
     if (master.defined()) {
       check_same_device(op, p, master);
-      TANDEM_CHECK_AS(TypeError, master.dtype() == DType::f32 && is_half(p.dtype()), op, ": master weight ", i,
-                      " is ", master.dtype(), " for a ", p.dtype(), " parameter; master weights are f32, for f16 "
-                      "and bf16 parameters");
+      const bool full = master.dtype() == DType::f32 && is_half(p.dtype());
+      const bool low_halves = master.dtype() == DType::bf16 && p.dtype() == DType::bf16;
+      TANDEM_CHECK_AS(TypeError, full || low_halves, op, ": master weight ", i, " is ", master.dtype(), " for a ",
+                      p.dtype(), " parameter; master weights are f32, for f16 and bf16 parameters, or the low "
+                      "halves of f32 masters in a bf16 tensor, for bf16 parameters");
       TANDEM_CHECK_AS(ValueError, master.shape() == p.shape() && layout_is_dense(master.shape(), master.strides()), op,
                       ": master weight ", i, " must be dense and of its parameter's shape ", shape_str(p.shape()));
     }
@@ -137,6 +139,39 @@ void adamw_step(const UpdateTensors& t, const AdamWHyper& h) {
     TANDEM_ROUTE(g.tensors.params[0].device(), adamw_step, g.tensors, h);
     finish_update(g);
   }
+}
+
+namespace {
+void check_master_halves(const char* op, const Tensor& param, const Tensor& low_halves) {
+  check_same_device(op, param, low_halves);
+  TANDEM_CHECK_AS(TypeError, param.dtype() == DType::bf16 && low_halves.dtype() == DType::bf16, op,
+                  ": the parameter and its master's low halves must both be bf16, got ", param.dtype(), " and ",
+                  low_halves.dtype());
+  TANDEM_CHECK_AS(ValueError, low_halves.shape() == param.shape(), op, ": the low halves have shape ",
+                  shape_str(low_halves.shape()), " but the parameter has shape ", shape_str(param.shape()));
+}
+}  // namespace
+
+Tensor join_master_halves(const Tensor& param, const Tensor& low_halves) {
+  check_master_halves("join_master_halves", param, low_halves);
+  Tensor master = empty(param.shape(), TensorOptions(DType::f32, param.device()));
+  if (master.numel() == 0) return master;
+  TANDEM_ROUTE(param.device(), join_master_halves, contiguous(param), contiguous(low_halves), master);
+  return master;
+}
+
+void split_master_(const Tensor& master, const Tensor& param, const Tensor& low_halves) {
+  const char* op = "split_master_";
+  check_master_halves(op, param, low_halves);
+  check_same_device(op, param, master);
+  TANDEM_CHECK_AS(TypeError, master.dtype() == DType::f32, op, ": the master must be f32, got ", master.dtype());
+  TANDEM_CHECK_AS(ValueError, master.shape() == param.shape(), op, ": the master has shape ",
+                  shape_str(master.shape()), " but the parameter has shape ", shape_str(param.shape()));
+  if (param.numel() == 0) return;
+  Tensor high = contiguous(param), low = contiguous(low_halves);
+  TANDEM_ROUTE(param.device(), split_master, contiguous(master), high, low);
+  if (!high.is_same(param)) copy_(param, high);
+  if (!low.is_same(low_halves)) copy_(low_halves, low);
 }
 
 void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, const Tensor& inv_scale) {

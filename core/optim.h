@@ -18,9 +18,11 @@ struct SgdHyper {
   double dampening = 0.0;
   double weight_decay = 0.0;
   bool nesterov = false;  // needs momentum > 0 and dampening 0
-  // Optimizer-wide (optim::SGD's constructor reads it; the kernels do not): f16/bf16 parameters
-  // are updated through f32 master weights.
+  // Optimizer-wide (optim::SGD's constructor reads them; the kernels do not): f16/bf16 parameters
+  // are updated through f32 master weights, which for bf16 parameters are kept as the parameter
+  // plus a 16-bit low half when compact_masters is on (core/master_halves.h).
   bool master_weights = true;
+  bool compact_masters = false;
   // Set by the optimizer per step, not an option: the momentum buffers hold nothing yet, so they
   // are set to g, not read.
   bool first_step = false;
@@ -37,9 +39,11 @@ struct AdamWHyper {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
-  // Optimizer-wide (optim::AdamW's constructor reads it; the kernels do not): f16/bf16 parameters
-  // are updated through f32 master weights.
+  // Optimizer-wide (optim::AdamW's constructor reads them; the kernels do not): f16/bf16 parameters
+  // are updated through f32 master weights, which for bf16 parameters are kept as the parameter
+  // plus a 16-bit low half when compact_masters is on (core/master_halves.h).
   bool master_weights = true;
+  bool compact_masters = false;
 };
 
 // The tensors of one fused optimizer update, one entry per parameter in every list.
@@ -48,8 +52,11 @@ struct AdamWHyper {
 //   (one role, or none when the momentum is 0), AdamW's exp_avg and exp_avg_sq.
 // - steps (AdamW): 0-dim f32 step counts, read on the device (the bias corrections use count + 1)
 //   and incremented by the update, so a skipped step leaves them as they were.
-// - masters: empty, or f32 master weights (undefined where a parameter has none). With one, the
-//   update reads and writes the master in f32 and stores it rounded into the parameter.
+// - masters: empty, or one per parameter (undefined where it has none): an f32 master weight, or
+//   for a bf16 parameter the low halves of its f32 master in a bf16 tensor of its shape (16-bit
+//   words, not values: core/master_halves.h; the parameter holds the high halves). The update
+//   reads and writes the master in f32 and stores it rounded into the parameter (with low halves,
+//   the master's high halves into the parameter and its low halves beside it).
 // - found_inf, inv_scale (GradScaler): 0-dim f32 tensors on the parameters' device, or
 //   undefined. When *found_inf != 0 the update changes nothing, decided on the device; otherwise
 //   every gradient is multiplied by *inv_scale as it is read.
@@ -75,6 +82,13 @@ namespace kernels {
 // and dtype) and any layout.
 void sgd_step(const UpdateTensors& t, const SgdHyper& h);
 void adamw_step(const UpdateTensors& t, const AdamWHyper& h);
+
+// Compact master weights (core/master_halves.h). join_master_halves: the f32 masters (of param's
+// shape, contiguous) of a bf16 parameter and the low halves beside it. split_master_: writes the
+// f32 master's high halves into the bf16 parameter and its low halves into `low_halves` (bf16, the
+// parameter's shape), so that join_master_halves gives the master back bit for bit.
+Tensor join_master_halves(const Tensor& param, const Tensor& low_halves);
+void split_master_(const Tensor& master, const Tensor& param, const Tensor& low_halves);
 
 // GradScaler's kernels. non_finite_check_and_unscale_ sets found_inf (0-dim f32) to 1 when any
 // element of `grads` is inf or NaN (it never clears it), and multiplies every gradient in place by

@@ -26,7 +26,7 @@ struct ZeroRedundancyOptimizer::Timing {
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp,
                                                  std::unique_ptr<optim::Optimizer> optimizer)
-    : Optimizer(optimizer ? optimizer->master_weights() : true),
+    : Optimizer(optimizer ? optimizer->master_weights() : true, optimizer ? optimizer->compact_masters() : false),
       ddp_(ddp),
       inner_(std::move(optimizer)),
       timing_(std::make_unique<Timing>()) {
@@ -366,6 +366,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const optim::StateDict& state) {
     if (key.rfind("state.", 0) != 0) local.metadata[key] = value;
   }
   const std::vector<Tensor>& params = ddp_.parameters();
+  std::vector<std::pair<Tensor, Tensor>> to_split;  // (bf16 parameter, its saved f32 master)
   int64_t j = 0, q = 0;
   for (size_t g = 0; g < full_.size(); ++g) {
     auto saved = state.metadata.find(group_key(g, "num_params"));
@@ -379,6 +380,10 @@ void ZeroRedundancyOptimizer::load_state_dict(const optim::StateDict& state) {
       const int64_t i = std::find_if(params.begin(), params.end(), [&](const Tensor& t) { return t.is_same(p); }) -
                         params.begin();
       const std::string prefix = "state." + std::to_string(j) + ".";
+      auto master = state.tensors.find(prefix + "master");
+      if (master != state.tensors.end() && compact_masters() && master_weights() && p.dtype() == DType::bf16) {
+        to_split.emplace_back(p, master->second);
+      }
       for (; next < pieces_[g].size() && pieces_[g][next].param == i; ++next, ++q) {
         const Piece& piece = pieces_[g][next];
         for (auto it = state.tensors.lower_bound(prefix); it != state.tensors.end() && it->first.rfind(prefix, 0) == 0;
@@ -402,6 +407,15 @@ void ZeroRedundancyOptimizer::load_state_dict(const optim::StateDict& state) {
                     "load_state_dict: unexpected tensor \"", key, "\" (this ", name(), " has ", j, " parameters)");
   }
   Optimizer::load_state_dict(local);
+  // Each rank has split the masters of its own pieces, writing their high halves into its block of
+  // the parameters. Every rank writes the whole parameters the same way, so that the ranks agree
+  // before the next step's all-gathers (a state saved without compact masters was rounded to even).
+  for (const auto& [param, master] : to_split) {
+    Tensor low = empty(param.shape(), TensorOptions(DType::bf16, param.device()));  // discarded
+    Tensor on_device = empty(param.shape(), TensorOptions(DType::f32, param.device()));
+    kernels::copy_(on_device, master);
+    kernels::split_master_(on_device, param, low);
+  }
 }
 
 }  // namespace tandem::dist

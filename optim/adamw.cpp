@@ -6,7 +6,7 @@
 namespace tandem::optim {
 
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
-    : Optimizer(options.master_weights), defaults_(options) {
+    : Optimizer(options.master_weights, options.compact_masters), defaults_(options) {
   TANDEM_CHECK_AS(ValueError, !params.empty(), "AdamW: got an empty parameter list");
   add_param_group(std::move(params), options);
 }

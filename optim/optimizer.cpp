@@ -94,6 +94,10 @@ void Optimizer::step(const StepScaling& scaling) {
 
 bool Optimizer::has_master(const Tensor& param) const { return master_weights_ && is_half(param.dtype()); }
 
+bool Optimizer::has_compact_master(const Tensor& param) const {
+  return master_weights_ && compact_masters_ && param.dtype() == DType::bf16;
+}
+
 std::vector<std::string> Optimizer::state_names_of(const Tensor& param) const {
   std::vector<std::string> names = state_names();
   if (has_master(param)) names.push_back("master");
@@ -131,7 +135,12 @@ void Optimizer::step_impl(const StepScaling* scaling, const std::function<bool(c
         state.step_count = zeros({}, TensorOptions(DType::f32, p.device()));
       }
       Tensor master;
-      if (has_master(p)) {
+      if (has_compact_master(p)) {
+        // Low halves of zero: the master starts as the parameter, exactly.
+        Tensor& low = state.buffers["master_low"];
+        if (!low.defined()) low = zeros(p.shape(), TensorOptions(DType::bf16, p.device()), p.suggest_memory_format());
+        master = low;
+      } else if (has_master(p)) {
         auto found = state.buffers.find("master");
         if (found == state.buffers.end()) {
           master = empty(p.shape(), TensorOptions(DType::f32, p.device()), p.suggest_memory_format());
@@ -212,7 +221,13 @@ StateDict Optimizer::state_dict() const {
     for (size_t i = 0; i < group.params.size(); ++i, ++index) {
       if (i >= state_[g].size() || state_[g][i].buffers.empty()) continue;
       const ParamState& ps = state_[g][i];
-      for (const auto& [buffer_name, buffer] : ps.buffers) state.tensors[state_key(index, buffer_name)] = buffer;
+      for (const auto& [buffer_name, buffer] : ps.buffers) {
+        if (buffer_name == "master_low") {  // a compact master, saved whole
+          state.tensors[state_key(index, "master")] = kernels::join_master_halves(group.params[i], buffer);
+        } else {
+          state.tensors[state_key(index, buffer_name)] = buffer;
+        }
+      }
       if (counts_steps() && ps.step_count.defined()) {
         state.metadata[state_key(index, "step")] = ps.step_count.item_double();  // waits for the device
       }
@@ -318,7 +333,13 @@ void Optimizer::load_state_dict(const StateDict& state) {
       for (const auto& [buffer_name, saved] : buffers[index]) {
         Tensor copy = empty(p.shape(), TensorOptions(saved.dtype(), p.device()));
         kernels::copy_(copy, saved);
-        fresh[i].buffers[buffer_name] = copy;
+        if (buffer_name == "master" && has_compact_master(p)) {
+          Tensor low = empty(p.shape(), TensorOptions(DType::bf16, p.device()), p.suggest_memory_format());
+          kernels::split_master_(copy, p, low);  // the parameter takes the master's high half
+          fresh[i].buffers["master_low"] = low;
+        } else {
+          fresh[i].buffers[buffer_name] = copy;
+        }
       }
       if (counts_steps() && !buffers[index].empty()) {
         fresh[i].step_count = full({}, static_cast<double>(steps[index]), TensorOptions(DType::f32, p.device()));

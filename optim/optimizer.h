@@ -12,7 +12,14 @@
 // Mixed precision: f16 and bf16 parameters get f32 master weights (unless master_weights is off
 // in the optimizer's options): a state tensor "master", made from the parameter at its first
 // update. The kernel reads the 16-bit gradient and the master, updates master and moments in
-// f32, and writes the master rounded to 16 bits into the parameter. With a GradScaler
+// f32, and writes the master rounded to 16 bits into the parameter. With compact_masters on, a
+// bf16 parameter's master is the parameter itself (the master's high half, rounded to nearest with
+// ties away from zero) and a state tensor "master_low" beside it (its low half, 16-bit words in a
+// bf16 tensor): the same f32 master bit for bit (core/master_halves.h) in 2 bytes per parameter
+// instead of 4, and 2 bytes less per parameter for the update to move. state_dict() gives such a
+// master as an f32 "master", as without it, and load_state_dict() splits a saved "master" again,
+// writing its high half into the parameter; checkpoints of either kind load into either. With a
+// GradScaler
 // (amp/grad_scaler.h) the step takes its found-inf flag and 1 / scale, both on the device: the
 // kernels skip the update when the flag is set and unscale gradients as they read them, so no
 // step waits for the host. Step counts (AdamW) are 0-dim f32 device tensors for the same reason.
@@ -88,8 +95,10 @@ class Optimizer {
   // Updates only the parameters for which `include` is true (those with gradients), as step()
   // would: for splitting one step into parts that run as their gradients become ready.
   void step_some(const std::function<bool(const Tensor& param)>& include);
-  // Whether f16/bf16 parameters are updated through f32 master weights.
+  // Whether f16/bf16 parameters are updated through f32 master weights, and whether bf16 ones keep
+  // them as the parameter plus a low half.
   bool master_weights() const { return master_weights_; }
+  bool compact_masters() const { return compact_masters_; }
   // set_to_none drops the gradients (the next backward creates new ones); otherwise they are
   // zeroed in place, which keeps gradient buffers that are views (DDP's buckets) valid.
   virtual void zero_grad(bool set_to_none = true);
@@ -117,16 +126,19 @@ class Optimizer {
   // replaces it and calls this one for its own shard.
   virtual void step_impl(const StepScaling* scaling, const std::function<bool(const Tensor&)>* include = nullptr);
 
-  explicit Optimizer(bool master_weights) : master_weights_(master_weights) {}
+  Optimizer(bool master_weights, bool compact_masters)
+      : master_weights_(master_weights), compact_masters_(compact_masters) {}
 
   // One parameter's state: named buffers of its shape (contiguous, in optimizer_state_dtype(),
-  // "master" among them for a 16-bit parameter with master weights) and, for optimizers that
-  // count them, the steps taken as a 0-dim f32 tensor on its device.
+  // "master" among them for a 16-bit parameter with master weights, or "master_low" for a bf16
+  // one with compact masters) and, for optimizers that count them, the steps taken as a 0-dim f32
+  // tensor on its device.
   struct ParamState {
     std::map<std::string, Tensor> buffers;
     Tensor step_count;
   };
-  // A parameter that has a gradient, handed to update(); master is undefined where it has none.
+  // A parameter that has a gradient, handed to update(); master is undefined where it has none,
+  // and a compact master's low halves (bf16) where it has one (kernels::adamw_step takes either).
   struct Item {
     Tensor param;
     Tensor grad;
@@ -160,9 +172,11 @@ class Optimizer {
   static void track_lr_on_device(ParamGroup& group, Device device);
   void set_any_hyper_parameter(ParamGroup& group, const std::string& name, double value) const;
   bool has_master(const Tensor& param) const;
+  bool has_compact_master(const Tensor& param) const;                  // a bf16 one, with compact_masters
   std::vector<std::string> state_names_of(const Tensor& param) const;  // state_names() + "master"
 
   bool master_weights_;
+  bool compact_masters_;
 
   std::vector<std::unique_ptr<ParamGroup>> groups_;
   std::vector<std::vector<ParamState>> state_;  // [group][parameter]

@@ -5,7 +5,8 @@
 
 namespace tandem::optim {
 
-SGD::SGD(std::vector<Tensor> params, const SgdOptions& options) : Optimizer(options.master_weights), defaults_(options) {
+SGD::SGD(std::vector<Tensor> params, const SgdOptions& options)
+    : Optimizer(options.master_weights, options.compact_masters), defaults_(options) {
   TANDEM_CHECK_AS(ValueError, !params.empty(), "SGD: got an empty parameter list");
   add_param_group(std::move(params), options);
 }

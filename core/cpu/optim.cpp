@@ -2,9 +2,11 @@
 // GradScaler's check and scale update. The arithmetic is the CUDA kernels' (core/cuda/optim.cu):
 // f32 for f32 and 16-bit parameters, f64 for f64 ones, with the state in that type.
 #include <cmath>
+#include <type_traits>
 
 #include "tandem/core/backend.h"
 #include "tandem/core/dispatch.h"
+#include "tandem/core/master_halves.h"
 
 namespace tandem::cpu {
 
@@ -25,21 +27,45 @@ Scaling scaling_of(const UpdateTensors& t) {
   return s;
 }
 
+// A compact master (core/master_halves.h): the f32 master of a bf16 parameter element and its low
+// half, and back. Only bf16 parameters hold them; the other types never reach these.
+template <typename T>
+float joined_master(T high, BFloat16 low) {
+  if constexpr (std::is_same_v<T, BFloat16>) return detail::bits_float(master_halves::join(high.bits, low.bits));
+  else return static_cast<float>(high);
+}
+
+template <typename T>
+void split_master_into(float master, T& high, BFloat16& low) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    const uint32_t bits = detail::float_bits(master);
+    high.bits = master_halves::high(bits);
+    low.bits = master_halves::low(bits);
+  } else {
+    high = T(master);
+  }
+}
+
 // Calls rule(p_i, g_i, i) -> new p_i for every element of tensor `k`, reading and writing the
-// master weight instead of the parameter when there is one.
+// master weight instead of the parameter when there is one: an f32 master, or a bf16 parameter's
+// compact master (the parameter and its low halves).
 template <typename T, typename Rule>
 void for_each_element(const UpdateTensors& t, size_t k, float inv_scale, Rule rule) {
   using C = state_t<T>;
-  T* p = t.params[k].data<T>();                                                       // (n,)
-  const T* g = t.grads[k].data<T>();                                                  // (n,)
-  C* master = t.masters.empty() || !t.masters[k].defined() ? nullptr : t.masters[k].data<C>();  // (n,) or none
+  T* p = t.params[k].data<T>();                                   // (n,)
+  const T* g = t.grads[k].data<T>();                              // (n,)
+  const Tensor given = t.masters.empty() ? Tensor() : t.masters[k];
+  const bool halves = given.defined() && given.dtype() == DType::bf16;
+  C* master = given.defined() && !halves ? given.data<C>() : nullptr;  // (n,) or none
+  BFloat16* low = halves ? given.data<BFloat16>() : nullptr;           // (n,) 16-bit words, or none
   const int64_t n = t.params[k].numel();
   const C unscale = static_cast<C>(inv_scale);
   for (int64_t i = 0; i < n; ++i) {
-    C pi = master != nullptr ? master[i] : static_cast<C>(p[i]);
+    C pi = master != nullptr ? master[i] : halves ? joined_master(p[i], low[i]) : static_cast<C>(p[i]);
     pi = rule(pi, static_cast<C>(g[i]) * unscale, i);
     if (master != nullptr) master[i] = pi;
-    p[i] = T(pi);
+    if (halves) split_master_into(pi, p[i], low[i]);
+    else p[i] = T(pi);
   }
 }
 
@@ -119,6 +145,26 @@ void sgd_step(const UpdateTensors& t, const SgdHyper& h) {
 void adamw_step(const UpdateTensors& t, const AdamWHyper& h) {
   if (t.params.empty()) return;
   dispatch_floating(t.params[0].dtype(), "adamw_step", "cpu", [&](auto tag) { adamw_typed<decltype(tag)>(t, h); });
+}
+
+void join_master_halves(const Tensor& param, const Tensor& low_halves, const Tensor& master) {
+  const BFloat16* high = param.data<BFloat16>();     // (n,)
+  const BFloat16* low = low_halves.data<BFloat16>();  // (n,) 16-bit words
+  float* out = master.data<float>();                 // (n,)
+  const int64_t n = param.numel();
+  for (int64_t i = 0; i < n; ++i) out[i] = detail::bits_float(master_halves::join(high[i].bits, low[i].bits));
+}
+
+void split_master(const Tensor& master, const Tensor& param, const Tensor& low_halves) {
+  const float* in = master.data<float>();       // (n,)
+  BFloat16* high = param.data<BFloat16>();      // (n,)
+  BFloat16* low = low_halves.data<BFloat16>();  // (n,) 16-bit words
+  const int64_t n = param.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = detail::float_bits(in[i]);
+    high[i].bits = master_halves::high(bits);
+    low[i].bits = master_halves::low(bits);
+  }
 }
 
 void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, const Tensor& inv_scale) {

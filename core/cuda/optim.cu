@@ -27,11 +27,14 @@
 // The arithmetic is the CPU backend's (core/cpu/optim.cpp): in f32 for f32, f16 and bf16
 // parameters, in f64 for f64 ones, with the state in that type and one rounding of the new
 // parameter to its dtype. A master weight, when given, is read instead of the parameter and
-// written back beside it.
+// written back beside it; a compact one (a bf16 parameter's low halves, core/master_halves.h) is
+// joined with the parameter into the f32 master and split into both again.
 #include <cstring>
+#include <type_traits>
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/loops.cuh"
+#include "tandem/core/master_halves.h"
 
 namespace tandem::cuda {
 
@@ -47,8 +50,8 @@ struct TensorSlot {
   // null where unused
   void* ptr[kMaxRoles];
   int64_t numel;
-  int32_t vectorised;    // every pointer is aligned for Vec loads
-  int32_t unused;
+  int32_t vectorised;     // every pointer is aligned for Vec loads
+  int32_t low_halves;     // the master pointer holds a bf16 parameter's low halves (16-bit words)
 };
 static_assert(sizeof(TensorSlot) % 16 == 0, "the chunk starts after the tensor table stay aligned");
 
@@ -79,6 +82,33 @@ struct ScalingArgs {
   const float* inv_scale;  // () gradients are multiplied by it
 };
 
+// Compact master weights (core/master_halves.h): only a bf16 parameter can hold a master's high
+// halves. The two helpers compile for every T and are reached for bf16 alone.
+template <typename T>
+constexpr bool kCanHoldHalves = std::is_same_v<T, __nv_bfloat16>;
+
+// The f32 master of a bf16 parameter element and its low half.
+template <typename T>
+__device__ __forceinline__ acc_t<T> joined_master(T high, uint16_t low) {
+  if constexpr (kCanHoldHalves<T>) {
+    return __uint_as_float(master_halves::join(__bfloat16_as_ushort(high), low));
+  } else {
+    return to_acc(high);
+  }
+}
+
+// Splits an f32 master into the bf16 parameter element and its low half.
+template <typename T>
+__device__ __forceinline__ void split_master_into(acc_t<T> master, T& high, uint16_t& low) {
+  if constexpr (kCanHoldHalves<T>) {
+    const uint32_t bits = __float_as_uint(master);
+    high = __ushort_as_bfloat16(master_halves::high(bits));
+    low = master_halves::low(bits);
+  } else {
+    high = cast_to<T>(master);
+  }
+}
+
 // Updates one chunk per block. Op holds the hyper-parameters and the per-element rule
 // op(p, g, state) on the compute type, with Op::kStates state tensors (read when
 // op.loads_state()); op.for_tensor(step_count) gives the rule for one tensor.
@@ -103,7 +133,11 @@ __global__ void __launch_bounds__(kOptimThreads)
   const int64_t begin = place.begin, n = place.n;
   T* p = static_cast<T*>(slot.ptr[kParam]) + begin;              // (n,)
   const T* g = static_cast<const T*>(slot.ptr[kGrad]) + begin;   // (n,)
-  C* master = slot.ptr[kMaster] != nullptr ? static_cast<C*>(slot.ptr[kMaster]) + begin : nullptr;  // (n,)
+  // The master: f32 (n,), or for a bf16 parameter its low halves (n,) beside the parameter's high
+  // halves (core/master_halves.h); the compiler keeps the halves' code for bf16 alone.
+  const bool halves = kCanHoldHalves<T> && slot.low_halves != 0;
+  C* master = slot.ptr[kMaster] != nullptr && !halves ? static_cast<C*>(slot.ptr[kMaster]) + begin : nullptr;
+  uint16_t* low = halves ? static_cast<uint16_t*>(slot.ptr[kMaster]) + begin : nullptr;  // (n,)
   C* s[KS];                                                      // K x (n,)
 #pragma unroll
   for (int k = 0; k < K; ++k) s[k] = static_cast<C*>(slot.ptr[kState0 + k]) + begin;
@@ -128,8 +162,14 @@ __global__ void __launch_bounds__(kOptimThreads)
           vm[u] = reinterpret_cast<const Vec<C, V>*>(master)[i];
         } else {
           const Vec<T, V> vp = reinterpret_cast<const Vec<T, V>*>(p)[i];
+          if (halves) {
+            const Vec<uint16_t, V> vl = reinterpret_cast<const Vec<uint16_t, V>*>(low)[i];
 #pragma unroll
-          for (int j = 0; j < V; ++j) vm[u].v[j] = to_acc(vp.v[j]);
+            for (int j = 0; j < V; ++j) vm[u].v[j] = joined_master(vp.v[j], vl.v[j]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < V; ++j) vm[u].v[j] = to_acc(vp.v[j]);
+          }
         }
 #pragma unroll
         for (int k = 0; k < K; ++k) {
@@ -141,18 +181,21 @@ __global__ void __launch_bounds__(kOptimThreads)
         const int64_t i = first + u * stride;
         if (i >= n_vec) break;
         Vec<T, V> vp;
+        Vec<uint16_t, V> vl;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           C st[KS];
 #pragma unroll
           for (int k = 0; k < K; ++k) st[k] = vs[u][k].v[j];
           op(vm[u].v[j], to_acc(vg[u].v[j]) * unscale, st);
-          vp.v[j] = cast_to<T>(vm[u].v[j]);
+          if (halves) split_master_into(vm[u].v[j], vp.v[j], vl.v[j]);
+          else vp.v[j] = cast_to<T>(vm[u].v[j]);
 #pragma unroll
           for (int k = 0; k < K; ++k) vs[u][k].v[j] = st[k];
         }
         reinterpret_cast<Vec<T, V>*>(p)[i] = vp;
         if (master != nullptr) reinterpret_cast<Vec<C, V>*>(master)[i] = vm[u];
+        if (halves) reinterpret_cast<Vec<uint16_t, V>*>(low)[i] = vl;
 #pragma unroll
         for (int k = 0; k < K; ++k) reinterpret_cast<Vec<C, V>*>(s[k])[i] = vs[u][k];
       }
@@ -160,14 +203,15 @@ __global__ void __launch_bounds__(kOptimThreads)
     done = n_vec * V;
   }
   for (int64_t i = done + threadIdx.x; i < n; i += blockDim.x) {
-    C pi = master != nullptr ? master[i] : to_acc(p[i]);
+    C pi = master != nullptr ? master[i] : halves ? joined_master(p[i], low[i]) : to_acc(p[i]);
     C st[KS] = {};
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if (load_state) st[k] = s[k][i];
     }
     op(pi, to_acc(g[i]) * unscale, st);
-    p[i] = cast_to<T>(pi);
+    if (halves) split_master_into(pi, p[i], low[i]);
+    else p[i] = cast_to<T>(pi);
     if (master != nullptr) master[i] = pi;
 #pragma unroll
     for (int k = 0; k < K; ++k) s[k][i] = st[k];
@@ -295,7 +339,10 @@ void launch_update(const char* name, const UpdateTensors& t, const Op& op) {
     slot.ptr[kParam] = t.params[i].data_ptr();
     slot.ptr[kGrad] = t.grads[i].data_ptr();
     for (size_t k = 0; k < t.states.size(); ++k) slot.ptr[kState0 + k] = t.states[k][i].data_ptr();
-    if (!t.masters.empty() && t.masters[i].defined()) slot.ptr[kMaster] = t.masters[i].data_ptr();
+    if (!t.masters.empty() && t.masters[i].defined()) {
+      slot.ptr[kMaster] = t.masters[i].data_ptr();
+      slot.low_halves = t.masters[i].dtype() == DType::bf16 ? 1 : 0;
+    }
     if (!t.steps.empty()) slot.ptr[kStep] = t.steps[i].data_ptr();
     numels.push_back(t.params[i].numel());
   }
@@ -405,6 +452,47 @@ void adamw_step(const UpdateTensors& t, const AdamWHyper& h) {
                   lr_pointer(t)};
     launch_update<T>("adamw_step", t, op);
   });
+}
+
+namespace {
+// Compact master weights in and out of f32 (checkpoints): grid-stride loops over n elements.
+__global__ void join_master_halves_kernel(const uint16_t* __restrict__ high,  // (n,) the bf16 parameter
+                                          const uint16_t* __restrict__ low,   // (n,)
+                                          float* __restrict__ master,         // (n,)
+                                          int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    master[i] = __uint_as_float(master_halves::join(high[i], low[i]));
+  }
+}
+
+__global__ void split_master_kernel(const float* __restrict__ master,  // (n,)
+                                    uint16_t* __restrict__ high,       // (n,) the bf16 parameter
+                                    uint16_t* __restrict__ low,        // (n,)
+                                    int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t bits = __float_as_uint(master[i]);
+    high[i] = master_halves::high(bits);
+    low[i] = master_halves::low(bits);
+  }
+}
+}  // namespace
+
+void join_master_halves(const Tensor& param, const Tensor& low_halves, const Tensor& master) {
+  DeviceGuard guard(param.device().index);
+  const int64_t n = param.numel();
+  join_master_halves_kernel<<<blocks_for(n, kOptimThreads), kOptimThreads, 0, stream_of(param)>>>(
+      device_ptr<const uint16_t>(param), device_ptr<const uint16_t>(low_halves), device_ptr<float>(master), n);
+  check_launch("join_master_halves");
+}
+
+void split_master(const Tensor& master, const Tensor& param, const Tensor& low_halves) {
+  DeviceGuard guard(param.device().index);
+  const int64_t n = param.numel();
+  split_master_kernel<<<blocks_for(n, kOptimThreads), kOptimThreads, 0, stream_of(param)>>>(
+      device_ptr<const float>(master), device_ptr<uint16_t>(param), device_ptr<uint16_t>(low_halves), n);
+  check_launch("split_master");
 }
 
 void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, const Tensor& inv_scale) {

@@ -147,6 +147,8 @@ void batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tens
 }
 void sgd_step(const UpdateTensors&, const SgdHyper&) { no_cuda("sgd_step"); }
 void adamw_step(const UpdateTensors&, const AdamWHyper&) { no_cuda("adamw_step"); }
+void join_master_halves(const Tensor&, const Tensor&, const Tensor&) { no_cuda("join_master_halves"); }
+void split_master(const Tensor&, const Tensor&, const Tensor&) { no_cuda("split_master"); }
 void non_finite_check_and_unscale_(const std::vector<Tensor>&, const Tensor&, const Tensor&) {
   no_cuda("non_finite_check_and_unscale_");
 }

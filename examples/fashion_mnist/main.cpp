@@ -57,6 +57,7 @@ struct Config {
   std::string precision = "f32";    // f32, tf32 (f32 with TF32 matmuls), bf16 or fp16
   int zero = 0;                     // ZeRO stage: 0 (plain DDP), 1 or 2
   bool cuda_graph = false;          // capture the training step as a CUDA graph and replay it
+  bool compact_masters = false;     // bf16: f32 masters as the parameter plus a 16-bit low half
 };
 
 std::string format_seconds(double s) {
@@ -143,6 +144,10 @@ int run(const Config& cfg) {
     problem = detail::concat("--cuda-graph: CUDA graphs capture GPU work, and this run trains on ", device,
                              " (drop --cuda-graph, or train on a GPU)");
   }
+  if (problem.empty() && cfg.compact_masters && cfg.precision != "bf16") {
+    problem = detail::concat("--compact-masters is for --precision bf16, and this run is ", cfg.precision,
+                             " (fp16 keeps whole f32 masters; f32 and tf32 have none)");
+  }
   stop_together_if(problem);
   const int64_t local_batch = cfg.batch_size / world.size;
   // Rank 0 writes the checkpoint and metrics: find an unwritable path now, not after an epoch.
@@ -173,9 +178,13 @@ int run(const Config& cfg) {
   amp::GradScaler scaler(device, precision.grad_scaler_options());
   std::unique_ptr<optim::Optimizer> opt;
   if (cfg.optimizer == "adamw") {
-    opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{cfg.lr, 0.9, 0.999, 1e-8, cfg.weight_decay});
+    optim::AdamWOptions options{cfg.lr, 0.9, 0.999, 1e-8, cfg.weight_decay};
+    options.compact_masters = cfg.compact_masters;
+    opt = std::make_unique<optim::AdamW>(model->parameters(), options);
   } else if (cfg.optimizer == "sgd") {
-    opt = std::make_unique<optim::SGD>(model->parameters(), optim::SgdOptions{cfg.lr, cfg.momentum, 0.0, cfg.weight_decay});
+    optim::SgdOptions options{cfg.lr, cfg.momentum, 0.0, cfg.weight_decay};
+    options.compact_masters = cfg.compact_masters;
+    opt = std::make_unique<optim::SGD>(model->parameters(), options);
   } else {
     TANDEM_THROW(ValueError, "unknown optimizer '", cfg.optimizer, "': expected adamw or sgd");
   }
@@ -419,6 +428,9 @@ int main(int argc, char** argv) {
       ->check(fashion::whole_number_at_least(0));
   app.add_option("--precision", cfg.precision, "f32, tf32 (TF32 matmuls on GPUs), bf16 or fp16 (with loss scaling)")
       ->check(CLI::IsMember(train::PrecisionPolicy::names()));
+  app.add_flag("--compact-masters", cfg.compact_masters,
+               "bf16: keep each f32 master weight as the parameter plus a 16-bit low half (the same training in 2 "
+               "bytes per parameter less; checkpoints load with or without it)");
   app.add_flag("--cuda-graph", cfg.cuda_graph,
                "capture the training step once as a CUDA graph (after 3 eager steps) and replay it; an epoch's last, "
                "smaller batch runs eagerly (GPU only)");

@@ -9,6 +9,7 @@
 #include "support/test_util.h"
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/core/determinism.h"
+#include "tandem/dist/parameter_check.h"
 #include "tandem/dist/timeline.h"
 #include "tandem/dist/zero.h"
 #include "tandem/models/gpt2.h"
@@ -75,6 +76,7 @@ struct RunOptions {
   int64_t overflow_step = -1;
   int accumulate = 1;            // micro-batches per step (the first ones under no_sync)
   bool sgd = false;
+  bool compact_masters = false;  // bf16 parameters' masters kept as the parameter and a low half
   bool schedule = false;         // warm-up and cosine decay, stepped through the optimizer's groups
   Device device = test_device();
 };
@@ -103,8 +105,15 @@ RunResult train(const Workload& work, const RunOptions& run) {
   std::unique_ptr<DistributedDataParallel> ddp;
   if (run.ddp) ddp = std::make_unique<DistributedDataParallel>(model, ddp_options);
   std::unique_ptr<optim::Optimizer> made;
-  if (run.sgd) made = std::make_unique<optim::SGD>(model->parameters(), optim::SgdOptions{0.01, 0.9});
-  else made = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{1e-3, 0.9, 0.999, 1e-8, 0.01});
+  if (run.sgd) {
+    optim::SgdOptions sgd{0.01, 0.9};
+    sgd.compact_masters = run.compact_masters;
+    made = std::make_unique<optim::SGD>(model->parameters(), sgd);
+  } else {
+    optim::AdamWOptions adamw{1e-3, 0.9, 0.999, 1e-8, 0.01};
+    adamw.compact_masters = run.compact_masters;
+    made = std::make_unique<optim::AdamW>(model->parameters(), adamw);
+  }
   std::unique_ptr<ZeroRedundancyOptimizer> zero;
   optim::Optimizer* opt = made.get();
   if (run.stage > 0) {
@@ -250,6 +259,18 @@ TEST(Zero, Bf16WithMasterWeightsMatchesStageZero) {
   expect_stages_match(gpt2_workload(), run, 2e-2);
 }
 
+// The same with compact master weights (each rank's shard of the masters as the parameters' high
+// halves and low halves beside them), AdamW and SGD.
+TEST(Zero, Bf16WithCompactMastersMatchesStageZero) {
+  RunOptions run;
+  run.dtype = DType::bf16;
+  run.compact_masters = true;
+  expect_stages_match(gpt2_workload(), run, 2e-2);
+  run.sgd = true;
+  run.steps = 6;
+  expect_stages_match(image_workload("mlp"), run, 2e-2);
+}
+
 // f16 parameters and a GradScaler, with an infinite input on rank 0 at `overflow_step`.
 RunOptions f16_with_overflow_at(int64_t overflow_step, int steps) {
   RunOptions run;
@@ -346,6 +367,60 @@ TEST(Zero, OptimizerStateIsOneNthOfStageZero) {
   }
 }
 
+// A model under ZeRO beside a copy of it under plain DDP, from the same weights, each trained 3 AdamW
+// steps on the same batches.
+struct ZeroBesidePlain {
+  std::shared_ptr<nn::Module> model, reference;
+  std::unique_ptr<DistributedDataParallel> ddp, plain;
+  std::unique_ptr<ZeroRedundancyOptimizer> zero;
+  std::unique_ptr<optim::AdamW> adamw;
+
+  // One step of both on batch `s` of this rank.
+  void step(const Workload& work, int64_t s) {
+    auto [x, y] = work.batch(s, dist::world().rank);
+    zero->zero_grad();
+    adamw->zero_grad();
+    work.loss((*ddp)(to(x, test_device())), to(y, test_device())).backward();
+    work.loss((*plain)(to(x, test_device())), to(y, test_device())).backward();
+    zero->step();
+    adamw->step();
+  }
+};
+
+ZeroBesidePlain train_beside_plain(const Workload& work, int stage, DType dtype, const optim::AdamWOptions& options) {
+  ZeroBesidePlain pair;
+  pair.model = work.make(TensorOptions(dtype, test_device()));
+  pair.reference = work.make(TensorOptions(dtype, test_device()));
+  {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < pair.model->parameters().size(); ++i) {
+      kernels::copy_(pair.reference->parameters()[i], pair.model->parameters()[i]);
+    }
+  }
+  dist::DdpOptions zero_options;
+  zero_options.zero_stage = stage;
+  zero_options.first_bucket_mb = 0.01;
+  pair.ddp = std::make_unique<DistributedDataParallel>(pair.model, zero_options);
+  pair.plain = std::make_unique<DistributedDataParallel>(pair.reference);
+  pair.zero = std::make_unique<ZeroRedundancyOptimizer>(
+      *pair.ddp, std::make_unique<optim::AdamW>(pair.model->parameters(), options));
+  pair.adamw = std::make_unique<optim::AdamW>(pair.reference->parameters(), options);
+  for (int64_t s = 0; s < 3; ++s) pair.step(work, s);
+  return pair;
+}
+
+// Every tensor of `expected` is in `gathered`, within `rtol`.
+void expect_same_tensors(optim::StateDict& gathered, const optim::StateDict& expected, double rtol) {
+  ASSERT_EQ(gathered.tensors.size(), expected.tensors.size());
+  for (auto& [key, t] : expected.tensors) {
+    ASSERT_TRUE(gathered.tensors.count(key)) << key;
+    EXPECT_EQ(gathered.tensors[key].dtype(), t.dtype()) << key;
+    EXPECT_TRUE(testing::all_close(kernels::to_device(gathered.tensors[key], Device()), kernels::to_device(t, Device()),
+                                   rtol, 1e-6))
+        << key;
+  }
+}
+
 // The unsharded state, gathered under ZeRO, equals stage 0's; loaded into a ZeRO optimizer (here
 // at the same world size; the example's test moves it between sizes) it continues exactly.
 TEST(Zero, StateDictIsTheUnshardedStateAndLoadsBack) {
@@ -353,56 +428,65 @@ TEST(Zero, StateDictIsTheUnshardedStateAndLoadsBack) {
   for (int stage : {1, 2}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     manual_seed(5);
-    auto model = work.make(TensorOptions(DType::f32, test_device()));
-    auto reference = work.make(TensorOptions(DType::f32, test_device()));
-    {
-      NoGradGuard no_grad;
-      for (size_t i = 0; i < model->parameters().size(); ++i) {
-        kernels::copy_(reference->parameters()[i], model->parameters()[i]);
-      }
-    }
-    dist::DdpOptions zero_options;
-    zero_options.zero_stage = stage;
-    zero_options.first_bucket_mb = 0.01;
-    DistributedDataParallel ddp(model, zero_options);
-    DistributedDataParallel plain(reference);
-    ZeroRedundancyOptimizer zero(ddp, std::make_unique<optim::AdamW>(model->parameters()));
-    optim::AdamW adamw(reference->parameters());
-    for (int64_t s = 0; s < 3; ++s) {
-      auto [x, y] = work.batch(s, dist::world().rank);
-      zero.zero_grad();
-      adamw.zero_grad();
-      work.loss(ddp(to(x, test_device())), to(y, test_device())).backward();
-      work.loss(plain(to(x, test_device())), to(y, test_device())).backward();
-      zero.step();
-      adamw.step();
-    }
-    optim::StateDict gathered = zero.state_dict();
-    optim::StateDict expected = adamw.state_dict();
-    ASSERT_EQ(gathered.tensors.size(), expected.tensors.size());
-    for (auto& [key, t] : expected.tensors) {
-      ASSERT_TRUE(gathered.tensors.count(key)) << key;
-      EXPECT_TRUE(testing::all_close(kernels::to_device(gathered.tensors[key], Device()), kernels::to_device(t, Device()),
-                                     1e-6, 1e-6))
-          << key;
-    }
+    ZeroBesidePlain pair = train_beside_plain(work, stage, DType::f32, optim::AdamWOptions{});
+    optim::StateDict gathered = pair.zero->state_dict();
+    optim::StateDict expected = pair.adamw->state_dict();
+    expect_same_tensors(gathered, expected, 1e-6);
     EXPECT_EQ(gathered.metadata, expected.metadata);
     // Load into a fresh ZeRO optimizer and continue: the same as continuing the plain one.
-    ZeroRedundancyOptimizer resumed(ddp, std::make_unique<optim::AdamW>(model->parameters()));
-    resumed.load_state_dict(expected);
-    auto [x, y] = work.batch(9, dist::world().rank);
-    resumed.zero_grad();
-    adamw.zero_grad();
-    work.loss(ddp(to(x, test_device())), to(y, test_device())).backward();
-    work.loss(plain(to(x, test_device())), to(y, test_device())).backward();
-    resumed.step();
-    adamw.step();
-    resumed.wait_for_parameters();
-    for (size_t i = 0; i < model->parameters().size(); ++i) {
-      EXPECT_TRUE(testing::all_close(kernels::to_device(model->parameters()[i], Device()),
-                                     kernels::to_device(reference->parameters()[i], Device()), 1e-6, 1e-6))
+    pair.zero = std::make_unique<ZeroRedundancyOptimizer>(*pair.ddp,
+                                                          std::make_unique<optim::AdamW>(pair.model->parameters()));
+    pair.zero->load_state_dict(expected);
+    pair.step(work, 9);
+    pair.zero->wait_for_parameters();
+    for (size_t i = 0; i < pair.model->parameters().size(); ++i) {
+      EXPECT_TRUE(testing::all_close(kernels::to_device(pair.model->parameters()[i], Device()),
+                                     kernels::to_device(pair.reference->parameters()[i], Device()), 1e-6, 1e-6))
           << "parameter " << i;
     }
+  }
+}
+
+// Compact master weights under ZeRO: the gathered state holds whole f32 masters, those of plain
+// AdamW with compact masters; and a state saved with f32 masters (ties rounded to even in its
+// parameters) loads on every rank into parameters that are the masters' high halves, owned block or
+// not, so that the ranks agree before the next step's all-gathers.
+TEST(Zero, CompactMastersCheckpointOnEveryRank) {
+  const Workload work = gpt2_workload();
+  optim::AdamWOptions compact;
+  compact.compact_masters = true;
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    manual_seed(6);
+    ZeroBesidePlain pair = train_beside_plain(work, stage, DType::bf16, compact);
+    optim::StateDict gathered = pair.zero->state_dict();
+    optim::StateDict expected = pair.adamw->state_dict();
+    expect_same_tensors(gathered, expected, 2e-2);  // stage 2 reduces the bf16 gradients in another order
+
+    // A state of f32 masters, every third element moved onto a tie under an even high half, where
+    // rounding to even and compact masters disagree.
+    optim::StateDict f32_state = expected;
+    for (auto& [key, t] : f32_state.tensors) {
+      if (key.find("master") == std::string::npos) continue;
+      EXPECT_EQ(t.dtype(), DType::f32) << key;
+      Tensor m = kernels::clone(kernels::to_device(t, Device()));  // (shape,) f32
+      uint32_t* bits = reinterpret_cast<uint32_t*>(m.data_ptr());
+      for (int64_t k = 0; k < m.numel(); k += 3) bits[k] = (bits[k] & 0xfffe0000u) | 0x8000u;
+      t = m;
+    }
+    ZeroRedundancyOptimizer resumed(*pair.ddp, std::make_unique<optim::AdamW>(pair.model->parameters(), compact));
+    resumed.load_state_dict(f32_state);
+    const std::vector<Tensor> params = pair.model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      Tensor master = f32_state.tensors.at(optim::state_key(i, "master"));
+      Tensor high = empty(master.shape(), DType::bf16), low = empty(master.shape(), DType::bf16);
+      kernels::split_master_(master, high, low);
+      EXPECT_TRUE(testing::all_close(kernels::to_device(params[i], Device()), high, 0.0, 0.0)) << "parameter " << i;
+    }
+    // Every rank's parameters are the same: the check DDP can run finds no divergence.
+    std::vector<std::string> names;
+    for (size_t i = 0; i < params.size(); ++i) names.push_back("parameter " + std::to_string(i));
+    dist::check_parameters_agree(names, params, 0, dist::world().timeout_seconds);
   }
 }
 
