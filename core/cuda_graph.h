@@ -63,10 +63,10 @@ void after_each_replay(std::function<void()> fn);
 // During a capture: a node at the current end of `stream`'s captured work that records a CUDA
 // event at every replay (an external event-record node), so that the host can tell when the work
 // captured on `stream` before it has finished in a replay. `stream` must take part in the capture
-// (the capturing stream, or one that waited on an event recorded in it); later work captured on
-// `stream` comes after the node, and the capture can end only once that work, or the node itself,
-// has joined the capturing stream again (a wait on an event recorded on `stream` after it). The node
-// records `event` until set_replay_event says otherwise.
+// (the capturing stream, or one that waited on an event recorded in it). The node hangs off the
+// side: later work captured on `stream` depends on the work before the node, not on the node, so
+// a replay never waits for it (a chain of collectives runs back to back), and it needs no join of
+// its own. The node records `event` until set_replay_event says otherwise.
 struct EventRecordNode {
   void* node = nullptr;  // a cudaGraphNode_t of the captured graph
 };

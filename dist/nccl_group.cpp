@@ -64,7 +64,8 @@ struct NcclWork : TrackedWork {
 };
 
 // The collectives that one CUDA graph capture recorded on the group, which every replay of the
-// graph issues again. Each has an event-record node after it on the communication stream; before
+// graph issues again. Each has an event-record node hanging off it (the next collective on the
+// communication stream does not wait for the node: core/cuda_graph.h); before
 // each launch the node gets a fresh event (replays can be queued behind each other, so one event
 // for all would tell only about the newest), and after the launch the replay's collectives are
 // stamped (new sequence numbers, same fingerprints: every rank replays the same graph) and tracked
@@ -266,8 +267,9 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
     raise(*w);
   }
   if (w->captured) {
-    // The node each replay records its own end event at. `end` comes after it, so the waits on
-    // `end` (the graph's edges back to the capturing stream) join the node too.
+    // The node each replay records its own end event at, beside the collective's own end: the
+    // waits on `end` (the graph's edges back to the capturing stream) wait for the collective, not
+    // for the node.
     ReplayWatch::Collective c{w->op, w->bytes, fingerprint, {}, std::make_unique<cuda::Event>()};
     c.node = cuda::record_event_each_replay(stream, *c.first_event);
     watch_for_capture().collectives.push_back(std::move(c));

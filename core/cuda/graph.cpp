@@ -105,19 +105,29 @@ EventRecordNode record_event_each_replay(StreamHandle stream, const Event& event
   TANDEM_CHECK_AS(GraphCaptureError, ours != 0 && capture_sequence_of(st) == ours,
                   "record_event_each_replay: the stream takes no part in the CUDA graph capture of cuda:", s.device,
                   " (make it wait on an event recorded on the capturing stream first)");
-  // External: a node of the graph that records the event at every replay. Without the flag, a
-  // record inside a capture only marks a point for other captured streams to wait on.
-  TANDEM_CUDA_CHECK(cudaEventRecordWithFlags(static_cast<cudaEvent_t>(event.handle()), st, cudaEventRecordExternal));
+  // What the stream's next work depends on before the node: copied, since the driver's arrays last
+  // only until the next call on the stream.
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaGraphNode_t* dependencies = nullptr;
   const cudaGraphEdgeData* edges = nullptr;
   size_t count = 0;
   TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(st, &status, nullptr, nullptr, &dependencies, &edges, &count));
-  // What comes next on the stream depends on the node just captured, and on it alone.
+  std::vector<cudaGraphNode_t> before(dependencies, dependencies + count);
+  std::vector<cudaGraphEdgeData> before_edges(count, cudaGraphEdgeData{});
+  if (edges != nullptr) before_edges.assign(edges, edges + count);
+  // External: a node of the graph that records the event at every replay. Without the flag, a
+  // record inside a capture only marks a point for other captured streams to wait on.
+  TANDEM_CUDA_CHECK(cudaEventRecordWithFlags(static_cast<cudaEvent_t>(event.handle()), st, cudaEventRecordExternal));
+  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(st, &status, nullptr, nullptr, &dependencies, &edges, &count));
   TANDEM_CHECK_AS(GraphCaptureError, status == cudaStreamCaptureStatusActive && count == 1,
                   "record_event_each_replay: expected the event-record node to be the stream's only dependency "
                   "in the capture, found ", count, " dependencies");
-  return EventRecordNode{dependencies[0]};
+  const cudaGraphNode_t node = dependencies[0];
+  // The node hangs off the side: the stream's next work depends on what it depended on before
+  // (removed from the set this way, the node needs no join before the capture ends).
+  TANDEM_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(st, before.data(), before_edges.data(), before.size(),
+                                                        cudaStreamSetCaptureDependencies));
+  return EventRecordNode{node};
 }
 
 void set_replay_event(EventRecordNode node, const Event& event) {
