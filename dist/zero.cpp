@@ -381,7 +381,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const optim::StateDict& state) {
                         params.begin();
       const std::string prefix = "state." + std::to_string(j) + ".";
       auto master = state.tensors.find(prefix + "master");
-      if (master != state.tensors.end() && compact_masters() && master_weights() && p.dtype() == DType::bf16) {
+      if (master != state.tensors.end() && has_compact_master(p)) {
         to_split.emplace_back(p, master->second);
       }
       for (; next < pieces_[g].size() && pieces_[g][next].param == i; ++next, ++q) {

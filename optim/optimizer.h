@@ -18,11 +18,12 @@
 // bf16 tensor): the same f32 master bit for bit (core/master_halves.h) in 2 bytes per parameter
 // instead of 4, and 2 bytes less per parameter for the update to move. state_dict() gives such a
 // master as an f32 "master", as without it, and load_state_dict() splits a saved "master" again,
-// writing its high half into the parameter; checkpoints of either kind load into either. With a
-// GradScaler
-// (amp/grad_scaler.h) the step takes its found-inf flag and 1 / scale, both on the device: the
-// kernels skip the update when the flag is set and unscale gradients as they read them, so no
-// step waits for the host. Step counts (AdamW) are 0-dim f32 device tensors for the same reason.
+// writing its high half into the parameter; checkpoints of either kind load into either.
+//
+// With a GradScaler (amp/grad_scaler.h) the step takes its found-inf flag and 1 / scale, both on
+// the device: the kernels skip the update when the flag is set and unscale gradients as they read
+// them, so no step waits for the host. Step counts (AdamW) are 0-dim f32 device tensors for the
+// same reason.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -112,8 +113,8 @@ class Optimizer {
   // and step counts.
   int64_t state_bytes() const;
 
-  // The tensors are the optimizer's own state buffers, not copies: clone or save them before the
-  // next step if they must not change.
+  // The tensors are the optimizer's own state buffers, not copies (but a compact master, joined
+  // into a new f32 tensor): clone or save them before the next step if they must not change.
   virtual StateDict state_dict() const;
   // Restores hyper-parameters and state saved by state_dict() of the same kind of optimizer over
   // parameters of the same groups, shapes and dtypes. Checks everything before changing anything;
