@@ -66,6 +66,10 @@ for flag, value, expected in [("--epochs", "0", "at least 1"), ("--epochs", "abc
                               ("--max-steps-per-epoch", "-3", "at least 0"), ("--weight-decay", "-0.1", "at least 0")]:
     expect_refused(f"{flag} {value}", quick + [flag, value], [flag, f"'{value}'", expected])
 
+# Compact master weights are for bf16 alone.
+expect_refused("--compact-masters with fp16", quick + ["--precision", "fp16", "--compact-masters"],
+               ["--compact-masters", "--precision bf16", "fp16"])
+
 # An unwritable --save is found before training, on one rank and under mpirun (said once).
 expect_refused("--save in a missing directory", quick + ["--save", f"{work}/missing/ckpt.safetensors"],
                ["--save", f"{work}/missing/ckpt.safetensors", "does not exist", "writable directory"])
