@@ -22,10 +22,10 @@
 //   to the device before each replay (`before_each_replay`).
 // - Collectives are watched in every replay as in eager mode: the capture issues none; each replay
 //   issues the captured ones again (new sequence numbers, flight-recorder entries), and the
-//   group's watchdog fails the group when one of them runs past the timeout, saying it ran in a
-//   replay of a CUDA graph (dist/process_group.h). This is done on the host around each launch
-//   (`before_each_replay`, `after_each_replay`) through event-record nodes of the graph
-//   (`record_event_each_replay`).
+//   group's watchdog fails the group when a replay's collectives run past the timeout, saying they
+//   ran in a replay of a CUDA graph (dist/process_group.h). This is done on the host around each
+//   launch (`before_each_replay`, `after_each_replay`), with an event recorded after the launch:
+//   the graph holds nothing for it.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,27 +55,11 @@ void keep_until_capture_ends(std::shared_ptr<void> object);
 void before_each_replay(std::function<void()> fn);
 
 // During a capture: `fn` runs on the host right after every launch of a replay of the graph being
-// captured (its work may still be queued), in the order the functions were added; a replay whose
-// launch failed runs none. For watching what the replay does (dist's NCCL group tracks its
-// collectives from here).
+// captured (its work may still be queued), in the order the functions were added, with the stream
+// the graph was launched on current (an event recorded there passes once the replay has); a
+// replay whose launch failed runs none. For watching what the replay does (dist's NCCL group
+// tracks its collectives from here).
 void after_each_replay(std::function<void()> fn);
-
-// During a capture: a node at the current end of `stream`'s captured work that records a CUDA
-// event at every replay (an external event-record node), so that the host can tell when the work
-// captured on `stream` before it has finished in a replay. `stream` must take part in the capture
-// (the capturing stream, or one that waited on an event recorded in it). The node hangs off the
-// side: later work captured on `stream` depends on the work before the node, not on the node, so
-// a replay never waits for it (a chain of collectives runs back to back), and it needs no join of
-// its own. The node records `event` until set_replay_event says otherwise.
-struct EventRecordNode {
-  void* node = nullptr;  // a cudaGraphNode_t of the captured graph
-};
-EventRecordNode record_event_each_replay(StreamHandle stream, const Event& event);
-// From a before_each_replay function: the event that `node` (of the graph about to be replayed)
-// records in this replay. Replays may be queued behind each other, and one event recorded again by
-// each tells the host only about the newest; an event per replay tells them apart. Launches queued
-// already keep the events they had.
-void set_replay_event(EventRecordNode node, const Event& event);
 
 // For the scope, during a capture: allocations of this thread on `device` come from the ordinary pool
 // and stream, not the graph's. Memory that each replay writes before the graph runs (the lr, the

@@ -76,9 +76,10 @@ void mpi_finalize();
 // ---- NCCL (dist/nccl_group.cpp or dist/no_nccl.cpp) ----
 bool nccl_is_built();
 // A communicator over every rank of `cpu_group`, on `device` (already current); rank 0's
-// ncclUniqueId travels through cpu_group. `launch_alone`: InitOptions::nccl_launch_alone.
+// ncclUniqueId travels through cpu_group. `launch_alone`, `nonblocking`: InitOptions::nccl_launch_alone,
+// InitOptions::nccl_nonblocking.
 std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int device, double timeout_seconds,
-                                              bool launch_alone);
+                                              bool launch_alone, bool nonblocking);
 // Stops the watchdog, then finalizes and destroys the communicator (aborts it when collectives are
 // still pending). Later calls on the group raise.
 void nccl_shutdown_group(ProcessGroup& group);

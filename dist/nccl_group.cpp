@@ -1,10 +1,21 @@
 // The NCCL process group: collectives on cuda tensors of this rank's GPU. Each collective is
 // ordered after the caller's current stream by an event, runs on a high-priority communication
-// stream, and records a completion event; the host never blocks. The communicator is created
-// non-blocking so that it can be aborted: a watchdog thread completes Works (releasing their
-// tensors), polls ncclCommGetAsyncError, and aborts the communicator when a collective fails or
-// runs past the timeout, so no kernel spins forever on a peer that is gone. Collectives captured
-// into a CUDA graph are issued again by every replay, and watched the same way (ReplayWatch).
+// stream, and records a completion event; the host never blocks. A watchdog thread completes
+// Works (releasing their tensors), polls ncclCommGetAsyncError, and aborts the communicator when a
+// collective fails or runs past the timeout, so no kernel spins forever on a peer that is gone.
+// Collectives captured into a CUDA graph are issued again by every replay, and watched the same
+// way (ReplayWatch).
+//
+// The communicator is blocking by default, as PyTorch's is: NCCL launches each call on the
+// caller's thread. A non-blocking one (InitOptions::nccl_nonblocking) hands every call to a
+// thread of NCCL's own, which cost 90-190 us of host time per all-reduce on 2 H100s (2026-11-28,
+// bench/allreduce), against 13-20 us for the raw blocking call: more than a 1 MiB all-reduce
+// takes on the GPU. What the non-blocking mode gives is calls that can be aborted while they run.
+// The watchdog aborts only between calls (it holds the group's lock, as every launch does), so a
+// blocking communicator is aborted as safely while its kernels spin; a blocking call that waits
+// on a gone peer inside NCCL (creating the communicator, a launch that first connects to its
+// peers, finalizing) is covered by a StuckCallWatch instead, which ends the process with a
+// message naming the call once it has run past the timeout.
 #include <nccl.h>  // brings cudaStream_t, the type NCCL's calls take
 
 #include <algorithm>
@@ -20,6 +31,7 @@
 #include "tandem/core/kernels.h"
 #include "tandem/dist/check.h"
 #include "tandem/dist/internal.h"
+#include "tandem/dist/stuck_call.h"
 #include "tandem/dist/work_tracker.h"
 
 namespace tandem::dist::internal {
@@ -27,6 +39,11 @@ namespace tandem::dist::internal {
 namespace {
 
 const std::string kBackend = "nccl";
+
+// Why a blocking NCCL call may not return, and what to do (StuckCallWatch).
+const char* const kStuckCallHint =
+    "another rank probably died or hangs before NCCL connected to it (InitOptions::nccl_nonblocking, or "
+    "$TANDEM_NCCL_NONBLOCKING=1, makes such calls abortable, at some 100 us of host time per collective)";
 
 ncclDataType_t nccl_type(DType dtype) {
   // In DType's order: f32, f64, f16, bf16, i32, i64, u8, bool (as bytes).
@@ -58,29 +75,30 @@ std::string nccl_text(ncclResult_t status, ncclComm_t comm) {
 }
 
 struct NcclWork : TrackedWork {
-  // On the communication stream, around the collective; back to the pool once completed. A
-  // replay's collective has no start (the graph's event-record node marks its end only).
+  // On the communication stream, around the collective; back to the pools once completed. An
+  // eager collective's pair is timed (elapsed_ms); a captured one has no start and an end for
+  // ordering only (inside the capture its waits become edges of the graph).
   std::unique_ptr<cuda::Event> start, end;
+  // A replayed collective's end instead: recorded after the graph's launch, shared by all the
+  // collectives of that replay (ReplayWatch).
+  std::shared_ptr<cuda::Event> replay_end;
 };
 
 // The collectives that one CUDA graph capture recorded on the group, which every replay of the
-// graph issues again. Each has an event-record node hanging off it (the next collective on the
-// communication stream does not wait for the node: core/cuda_graph.h); before
-// each launch the node gets a fresh event (replays can be queued behind each other, so one event
-// for all would tell only about the newest), and after the launch the replay's collectives are
-// stamped (new sequence numbers, same fingerprints: every rank replays the same graph) and tracked
-// with those events as their ends, so the watchdog fails the group when one runs past the timeout.
+// graph issues again. After each launch the replay's collectives are stamped (new sequence
+// numbers, same fingerprints: every rank replays the same graph) and tracked, all with one end:
+// an event recorded on the launching stream right after the graph, which passes when the whole
+// replay has. So the watchdog fails the group when a replay runs past the timeout, and the graph
+// holds nothing for it: an event-record node per collective cost each replay about 2 us per
+// collective (bench/allreduce, one H100, 2026-11-28), more than the rest of tandem's part.
 struct ReplayWatch {
   struct Collective {
     const char* op = "";
     size_t bytes = 0;
     Fingerprint fingerprint;  // seq 0: each replay stamps its own
-    cuda::EventRecordNode node;
-    std::unique_ptr<cuda::Event> first_event;  // the node's until the first replay gives it its own
   };
   uint64_t capture_id = 0;  // cuda::capture_id() of the capture that recorded them
   std::vector<Collective> collectives;
-  std::vector<std::shared_ptr<NcclWork>> next;  // the replay being launched, one per collective
   int64_t replays = 0;
 };
 
@@ -91,9 +109,10 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
   ncclComm_t comm = nullptr;  // null once aborted or destroyed
   int device = 0;
   bool launch_alone = false;            // InitOptions::nccl_launch_alone
+  bool nonblocking = false;             // InitOptions::nccl_nonblocking
   cuda::StreamHandle stream = nullptr;  // the communication stream
-  std::unique_ptr<cuda::Event> ready;   // recorded on the caller's stream before each collective
-  std::vector<std::unique_ptr<cuda::Event>> spare_events;
+  std::unique_ptr<cuda::Event> ready;   // recorded on the caller's stream before each collective; no timing
+  std::vector<std::unique_ptr<cuda::Event>> spare_timed_events, spare_sync_events;
   std::shared_ptr<ReplayWatch> capturing;  // of the latest capture that recorded a collective here
   std::mutex own_mutex;
 
@@ -103,33 +122,37 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
     if (comm != nullptr) ncclCommAbort(comm);  // never shut down (creation failed half-way)
   }
 
-  std::unique_ptr<cuda::Event> take_event() {
-    if (spare_events.empty()) return std::make_unique<cuda::Event>();  // with timing: elapsed_ms()
-    std::unique_ptr<cuda::Event> e = std::move(spare_events.back());
-    spare_events.pop_back();
+  // From the pool of events with timing (`timed`: elapsed_ms) or of those without, which the
+  // stream edges and completion queries need alone and CUDA handles more cheaply.
+  std::unique_ptr<cuda::Event> take_event(bool timed) {
+    auto& spare = timed ? spare_timed_events : spare_sync_events;
+    if (spare.empty()) return std::make_unique<cuda::Event>(timed);
+    std::unique_ptr<cuda::Event> e = std::move(spare.back());
+    spare.pop_back();
     return e;
   }
 
   void poll(TrackedWork& tracked) override {
     auto& w = static_cast<NcclWork&>(tracked);
+    const cuda::Event& end = w.end != nullptr ? *w.end : *w.replay_end;
     try {
-      if (!w.end->query()) return;
+      if (!end.query()) return;
     } catch (const std::exception& e) {
       fail(::tandem::detail::concat(describe(w), ": ", e.what()), &w);
       w.done = true;  // the event will not pass: forget it
       return;
     }
-    if (w.start != nullptr) {
+    const bool timed = w.start != nullptr;
+    if (timed) {
       try {
         w.elapsed_ms = w.start->elapsed_ms(*w.end);
       } catch (const std::exception&) {
         w.elapsed_ms = -1;  // only the timing is lost
       }
-      spare_events.push_back(std::move(w.start));
+      spare_timed_events.push_back(std::move(w.start));
     }
-    // A replay's end event may be recorded by the graph's node again only after a later
-    // set_replay_event, which gives the node another one: reusing it here is safe.
-    spare_events.push_back(std::move(w.end));
+    if (w.end != nullptr) (timed ? spare_timed_events : spare_sync_events).push_back(std::move(w.end));
+    w.replay_end.reset();
     complete(w);
   }
 
@@ -160,15 +183,26 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
   }
 
   // Polls a non-blocking communicator until the call in progress has finished, for at most `limit`
-  // seconds since `since` (then answers ncclInProgress).
+  // seconds since `since` (then answers ncclInProgress). A non-blocking communicator hands every
+  // call to a thread of NCCL's own and answers ncclInProgress at once; that launch takes some tens
+  // of microseconds, less than the shortest sleep Linux gives (~60 us), which the caller would
+  // wait on every collective. So the first kSpinSeconds are polled without sleeping (yielding the
+  // core to NCCL's thread); a launch that takes longer is connecting to its peers, and the polls
+  // back off to 100 us.
   ncclResult_t await_comm(Clock::time_point since, double limit) {
+    constexpr double kSpinSeconds = 2e-3;
     int sleep_us = 0;
     for (;;) {
       ncclResult_t state = ncclSuccess;
       ncclResult_t status = ncclCommGetAsyncError(comm, &state);
       if (status != ncclSuccess) return status;
       if (state != ncclInProgress) return state;
-      if (seconds_since(since) > limit) return ncclInProgress;
+      const double waited = seconds_since(since);
+      if (waited > limit) return ncclInProgress;
+      if (waited < kSpinSeconds) {
+        std::this_thread::yield();
+        continue;
+      }
       sleep_us = std::min(std::max(2 * sleep_us, 1), 100);
       std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     }
@@ -183,9 +217,9 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
   // by its first collective.
   ReplayWatch& watch_for_capture();
   // Before a replay is launched: refuses it once the group failed or was shut down (its NCCL
-  // kernels would run on a communicator that is gone), and gives every node its event.
-  void prepare_replay(ReplayWatch& watch);
-  // After the launch: stamps and tracks the replay's collectives.
+  // kernels would run on a communicator that is gone).
+  void prepare_replay(const ReplayWatch& watch);
+  // After the launch: stamps and tracks the replay's collectives, ended by one event after it.
   void track_replay(ReplayWatch& watch);
 
  protected:
@@ -246,14 +280,20 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
   }
   cuda::DeviceGuard guard(device);
   cuda::ProfilerRange range(w->op);
-  if (!w->captured) w->start = take_event();
-  w->end = take_event();
+  if (!w->captured) w->start = take_event(/*timed=*/true);
+  w->end = take_event(/*timed=*/!w->captured);
   ready->record(device);  // on the caller's current stream
   ready->wait_on(stream);
   if (!w->captured) w->start->record_on(stream);
   w->started = Clock::now();
-  ncclResult_t status = enqueue();
-  if (status == ncclInProgress) status = await_comm(w->started, timeout);
+  ncclResult_t status = ncclSuccess;
+  if (nonblocking) {
+    status = enqueue();
+    if (status == ncclInProgress) status = await_comm(w->started, timeout);
+  } else {
+    StuckCallWatch watch([this, w = w.get()] { return describe(*w) + location; }, kStuckCallHint, timeout);
+    status = enqueue();
+  }
   if (status != ncclSuccess) {
     pending.push_back(w);  // fail() marks it and aborts
     fail(status == ncclInProgress
@@ -266,14 +306,7 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
          w.get());
     raise(*w);
   }
-  if (w->captured) {
-    // The node each replay records its own end event at, beside the collective's own end: the
-    // waits on `end` (the graph's edges back to the capturing stream) wait for the collective, not
-    // for the node.
-    ReplayWatch::Collective c{w->op, w->bytes, fingerprint, {}, std::make_unique<cuda::Event>()};
-    c.node = cuda::record_event_each_replay(stream, *c.first_event);
-    watch_for_capture().collectives.push_back(std::move(c));
-  }
+  if (w->captured) watch_for_capture().collectives.push_back({w->op, w->bytes, fingerprint});
   w->end->record_on(stream);
   if (w->captured) {
     cuda::keep_until_capture_ends(w);
@@ -299,23 +332,13 @@ ReplayWatch& NcclCore::watch_for_capture() {
   return *capturing;
 }
 
-void NcclCore::prepare_replay(ReplayWatch& watch) {
+void NcclCore::prepare_replay(const ReplayWatch& watch) {
   std::lock_guard<std::mutex> lock(mutex);
   if (shut_down || stop || !failure.empty()) {
     TANDEM_THROW(BackendError, "rank ", rank, ": replaying a CUDA graph with ", watch.collectives.size(),
                  " nccl collective(s) refused: ",
                  failure.empty() ? std::string("the group was shut down (dist::finalize ran)")
                                  : "the group failed earlier: " + failure);
-  }
-  cuda::DeviceGuard guard(device);
-  watch.next.clear();  // what a launch that failed left
-  for (const ReplayWatch::Collective& c : watch.collectives) {
-    auto w = std::make_shared<NcclWork>();
-    w->op = c.op;
-    w->bytes = c.bytes;
-    w->end = take_event();
-    cuda::set_replay_event(c.node, *w->end);
-    watch.next.push_back(std::move(w));
   }
 }
 
@@ -324,21 +347,24 @@ void NcclCore::track_replay(ReplayWatch& watch) {
   ++watch.replays;
   // Failed since prepare_replay (the watchdog, meanwhile): the replay's collectives run on an
   // aborted communicator, which ends them; nothing is left to watch.
-  if (!failure.empty() || stop || shut_down) {
-    watch.next.clear();
-    return;
-  }
+  if (!failure.empty() || stop || shut_down) return;
+  cuda::DeviceGuard guard(device);
+  // On the stream the graph was just launched on (still current): passes once the whole replay has.
+  auto end = std::make_shared<cuda::Event>(/*timing=*/false);
+  end->record(device);
   sweep();
   const Clock::time_point launched = Clock::now();
-  for (size_t i = 0; i < watch.next.size(); ++i) {
-    std::shared_ptr<NcclWork>& w = watch.next[i];
-    stamp(*w, watch.collectives[i].fingerprint);
+  for (const ReplayWatch::Collective& c : watch.collectives) {
+    auto w = std::make_shared<NcclWork>();
+    w->op = c.op;
+    w->bytes = c.bytes;
+    w->replay_end = end;
+    stamp(*w, c.fingerprint);
     w->replay = watch.replays;
     w->started = launched;
     mark_started(*w);
     track(w);
   }
-  watch.next.clear();
 }
 
 std::shared_ptr<NcclWork> new_state(const char* op, size_t bytes, std::vector<Tensor> tensors) {
@@ -539,6 +565,9 @@ class NcclGroup final : public TrackedGroup {
       }
       bool finalized = false;
       if (drained) {
+        const int rank = core_->rank;
+        StuckCallWatch watch([rank] { return ::tandem::detail::concat("rank ", rank, ": finalizing the NCCL communicator"); },
+                             kStuckCallHint, limit);
         ncclResult_t status = ncclCommFinalize(core_->comm);
         if (status == ncclInProgress) status = core_->await_comm(Clock::now(), limit);
         finalized = status == ncclSuccess;
@@ -571,7 +600,7 @@ class NcclGroup final : public TrackedGroup {
 bool nccl_is_built() { return true; }
 
 std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int device, double timeout_seconds,
-                                              bool launch_alone) {
+                                              bool launch_alone, bool nonblocking) {
   int rank = cpu_group.rank(), size = cpu_group.size();
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
@@ -585,13 +614,21 @@ std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int devic
 
   cuda::DeviceGuard guard(device);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // so that the communicator can be aborted while a collective hangs
+  config.blocking = nonblocking ? 0 : 1;  // see the top of the file
   ncclComm_t comm = nullptr;
   auto start = Clock::now();
-  TANDEM_NCCL_CHECK_ASYNC(ncclCommInitRankConfig(&comm, size, id, rank, &config));
   // Creating a communicator can take seconds on a busy machine (it sets up every link): it gets
   // at least a minute, whatever short timeout the collectives have.
   const double init_timeout = std::max(timeout_seconds, 60.0);
+  {
+    StuckCallWatch watch(
+        [rank, size, device] {
+          return ::tandem::detail::concat("rank ", rank, ": creating the NCCL communicator of ", size, " ranks on cuda:",
+                                          device);
+        },
+        kStuckCallHint, init_timeout);
+    TANDEM_NCCL_CHECK_ASYNC(ncclCommInitRankConfig(&comm, size, id, rank, &config));
+  }
   ncclResult_t state = ncclInProgress;
   while (state == ncclInProgress && seconds_since(start) <= init_timeout) {
     ncclResult_t status = ncclCommGetAsyncError(comm, &state);
@@ -613,9 +650,10 @@ std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int devic
   core->device = device;
   core->timeout = timeout_seconds;
   core->launch_alone = launch_alone;
+  core->nonblocking = nonblocking;
   core->location = ::tandem::detail::concat(" on cuda:", device);
   core->stream = cuda::high_priority_stream(device);
-  core->ready = std::make_unique<cuda::Event>();
+  core->ready = std::make_unique<cuda::Event>(/*timing=*/false);
   return std::make_shared<NcclGroup>(core);
 }
 

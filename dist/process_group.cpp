@@ -187,13 +187,12 @@ double timeout_from_env(double fallback) {
   return value;
 }
 
-// $TANDEM_NCCL_LAUNCH_ALONE: "1" or "0" overrides InitOptions::nccl_launch_alone.
-bool launch_alone_from_env(bool fallback) {
-  const char* env = std::getenv("TANDEM_NCCL_LAUNCH_ALONE");
+// $NAME: "1" or "0" overrides `fallback` (an InitOptions flag); `meaning` says what 1 does.
+bool flag_from_env(const char* name, bool fallback, const char* meaning) {
+  const char* env = std::getenv(name);
   if (env == nullptr || env[0] == '\0') return fallback;
   std::string value(env);
-  TANDEM_CHECK_AS(ValueError, value == "1" || value == "0", "TANDEM_NCCL_LAUNCH_ALONE=\"", value,
-                  "\" must be 1 (launch NCCL collectives in a world of one too) or 0");
+  TANDEM_CHECK_AS(ValueError, value == "1" || value == "0", name, "=\"", value, "\" must be 1 (", meaning, ") or 0");
   return value == "1";
 }
 
@@ -225,7 +224,10 @@ const World& init(const InitOptions& options) {
   TANDEM_CHECK_AS(ValueError, !s.finalized,
                   "dist::init: dist::finalize() already ran, and MPI cannot be initialised twice in one process");
   double timeout = timeout_from_env(options.timeout_seconds);
-  const bool launch_alone = launch_alone_from_env(options.nccl_launch_alone);
+  const bool launch_alone = flag_from_env("TANDEM_NCCL_LAUNCH_ALONE", options.nccl_launch_alone,
+                                          "launch NCCL collectives in a world of one too");
+  const bool nonblocking = flag_from_env("TANDEM_NCCL_NONBLOCKING", options.nccl_nonblocking,
+                                         "a non-blocking NCCL communicator");
   TANDEM_CHECK_AS(ValueError, timeout > 0, "dist::init: timeout_seconds must be positive, got ", timeout);
 
   const char* dump_env = std::getenv("TANDEM_DIST_DUMP_DIR");
@@ -254,7 +256,7 @@ const World& init(const InitOptions& options) {
                                              devices, " ranks per node)");
       if (w.local_rank == 0) internal::report_failure("dist::init: no NCCL group: " + s.no_gpu_group_reason);
     } else {
-      w.gpu_group = internal::make_nccl_group(*w.cpu_group, index, timeout, launch_alone);
+      w.gpu_group = internal::make_nccl_group(*w.cpu_group, index, timeout, launch_alone, nonblocking);
     }
   }
   s.world = w;

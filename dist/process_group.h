@@ -120,6 +120,14 @@ struct InitOptions {
   // watchdog and its timeout, captured collectives watched in replays. For benchmarks and tests.
   // $TANDEM_NCCL_LAUNCH_ALONE=1 (or 0) overrides it. No effect on the MPI group or with 2+ ranks.
   bool nccl_launch_alone = false;
+  // The NCCL communicator is blocking by default (as PyTorch's): NCCL launches each collective on
+  // the calling thread, in some 15 us of host time. A blocking call that waits on a peer that is
+  // gone inside NCCL (creating the communicator, the first collective that connects to a peer)
+  // cannot be aborted: past the timeout the rank reports it and exits (status 1). With this set the
+  // communicator is non-blocking and every call can be aborted, which raises a BackendError instead,
+  // but NCCL then launches each call on a thread of its own: about 100 us of host time per
+  // collective (2 H100s, 2026-11-28). $TANDEM_NCCL_NONBLOCKING=1 (or 0) overrides it.
+  bool nccl_nonblocking = false;
 };
 
 struct World {

@@ -59,6 +59,11 @@ std::vector<T> unpack(const std::vector<uint8_t>& bytes) {
 
 }  // namespace
 
+void dump_every_flight_recorder(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (const WorkTracker* t : registry()) t->dump(reason);
+}
+
 WorkTracker::DebugMode WorkTracker::debug_mode() {
   const char* v = std::getenv("TANDEM_DIST_DEBUG");
   if (v == nullptr || v[0] == '\0') return DebugMode::standard;
@@ -219,8 +224,10 @@ void WorkTracker::check_timeouts() {
     if (w->done || w->failed) continue;
     double waited = seconds_since(w->started);
     if (waited > timeout) {
-      fail(::tandem::detail::concat(describe(*w), location, " timed out after ", format_seconds(waited), " (timeout ",
-                                    format_seconds(timeout),
+      // A replay's collectives are watched together (dist/nccl_group.cpp): the oldest is named.
+      const char* which = w->replay > 0 ? ", or a later collective of that replay," : "";
+      fail(::tandem::detail::concat(describe(*w), location, which, " timed out after ", format_seconds(waited),
+                                    " (timeout ", format_seconds(timeout),
                                     "): another rank probably died, hangs, or issued a different collective (every "
                                     "rank must issue the same collectives in the same order); the group is unusable "
                                     "now"),

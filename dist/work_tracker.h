@@ -37,6 +37,10 @@ struct TrackedWork {
   std::string error;
 };
 
+// Writes the flight recorder of every group alive (best effort, without their locks: for a process
+// about to end, as on SIGTERM).
+void dump_every_flight_recorder(const std::string& reason);
+
 // Every member and method needs `mutex` held, except start_watchdog/stop_watchdog.
 class WorkTracker {
  public:

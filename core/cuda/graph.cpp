@@ -41,19 +41,6 @@ struct Graph::State {
 
 namespace {
 thread_local Graph::State* capturing_state = nullptr;
-thread_local Graph::State* replaying_state = nullptr;  // while its before-replay functions run
-
-// Sets replaying_state for the scope.
-class BeforeReplayScope {
- public:
-  explicit BeforeReplayScope(Graph::State& s) : previous_(replaying_state) { replaying_state = &s; }
-  ~BeforeReplayScope() { replaying_state = previous_; }
-  BeforeReplayScope(const BeforeReplayScope&) = delete;
-  BeforeReplayScope& operator=(const BeforeReplayScope&) = delete;
-
- private:
-  Graph::State* previous_;
-};
 std::atomic<uint64_t> next_pool{1};
 
 Graph::State& active_capture(const char* what) {
@@ -87,54 +74,6 @@ void before_each_replay(std::function<void()> fn) {
 
 void after_each_replay(std::function<void()> fn) {
   active_capture("after_each_replay").after_replay.push_back(std::move(fn));
-}
-
-// The id of the capture `stream` takes part in; 0 when it takes part in none.
-static unsigned long long capture_sequence_of(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  unsigned long long id = 0;
-  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &id));
-  return status == cudaStreamCaptureStatusActive ? id : 0;
-}
-
-EventRecordNode record_event_each_replay(StreamHandle stream, const Event& event) {
-  Graph::State& s = active_capture("record_event_each_replay");
-  auto st = static_cast<cudaStream_t>(stream);
-  // Outside the capture the record would happen once, now: a stream that never joined it is a bug.
-  const unsigned long long ours = capture_sequence_of(s.stream);
-  TANDEM_CHECK_AS(GraphCaptureError, ours != 0 && capture_sequence_of(st) == ours,
-                  "record_event_each_replay: the stream takes no part in the CUDA graph capture of cuda:", s.device,
-                  " (make it wait on an event recorded on the capturing stream first)");
-  // What the stream's next work depends on before the node: copied, since the driver's arrays last
-  // only until the next call on the stream.
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  const cudaGraphNode_t* dependencies = nullptr;
-  const cudaGraphEdgeData* edges = nullptr;
-  size_t count = 0;
-  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(st, &status, nullptr, nullptr, &dependencies, &edges, &count));
-  std::vector<cudaGraphNode_t> before(dependencies, dependencies + count);
-  std::vector<cudaGraphEdgeData> before_edges(count, cudaGraphEdgeData{});
-  if (edges != nullptr) before_edges.assign(edges, edges + count);
-  // External: a node of the graph that records the event at every replay. Without the flag, a
-  // record inside a capture only marks a point for other captured streams to wait on.
-  TANDEM_CUDA_CHECK(cudaEventRecordWithFlags(static_cast<cudaEvent_t>(event.handle()), st, cudaEventRecordExternal));
-  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(st, &status, nullptr, nullptr, &dependencies, &edges, &count));
-  TANDEM_CHECK_AS(GraphCaptureError, status == cudaStreamCaptureStatusActive && count == 1,
-                  "record_event_each_replay: expected the event-record node to be the stream's only dependency "
-                  "in the capture, found ", count, " dependencies");
-  const cudaGraphNode_t node = dependencies[0];
-  // The node hangs off the side: the stream's next work depends on what it depended on before
-  // (removed from the set this way, the node needs no join before the capture ends).
-  TANDEM_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(st, before.data(), before_edges.data(), before.size(),
-                                                        cudaStreamSetCaptureDependencies));
-  return EventRecordNode{node};
-}
-
-void set_replay_event(EventRecordNode node, const Event& event) {
-  TANDEM_CHECK_AS(GraphCaptureError, replaying_state != nullptr && replaying_state->exec != nullptr,
-                  "set_replay_event: call it from a before_each_replay function of the graph being replayed");
-  TANDEM_CUDA_CHECK(cudaGraphExecEventRecordNodeSetEvent(replaying_state->exec, static_cast<cudaGraphNode_t>(node.node),
-                                                         static_cast<cudaEvent_t>(event.handle())));
 }
 
 OutsideGraphPool::OutsideGraphPool(int device) : device_(device) {
@@ -293,10 +232,7 @@ void Graph::replay() {
   TANDEM_CHECK_AS(GraphCaptureError, s.exec != nullptr, "replay: nothing captured in this graph");
   check_not_capturing("replaying a CUDA graph");
   DeviceGuard guard(s.device);
-  {
-    BeforeReplayScope scope(s);
-    for (auto& fn : s.before_replay) fn();
-  }
+  for (auto& fn : s.before_replay) fn();
   TANDEM_CUDA_CHECK(cudaGraphLaunch(s.exec, current_stream(s.device)));
   ++s.replays;
   for (auto& fn : s.after_replay) fn();

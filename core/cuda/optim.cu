@@ -26,7 +26,10 @@
 //
 // The arithmetic is the CPU backend's (core/cpu/optim.cpp): in f32 for f32, f16 and bf16
 // parameters, in f64 for f64 ones, with the state in that type and one rounding of the new
-// parameter to its dtype. A master weight, when given, is read instead of the parameter and
+// parameter to its dtype. Every product, sum and quotient is rounded on its own, in the CPU's
+// order (the rn helpers below), so that the compiler fuses none into an FMA: left to itself it
+// fused differently in the copies of the loop it made for each kind of master, and those gave
+// masters 1 ulp apart. A master weight, when given, is read instead of the parameter and
 // written back beside it; a compact one (a bf16 parameter's low halves, core/master_halves.h) is
 // joined with the parameter into the f32 master and split into both again.
 #include <cstring>
@@ -75,6 +78,20 @@ __device__ ChunkPlace place_of_chunk(const TensorSlot* tensors, const int64_t* c
   const int64_t numel = tensors[lo].numel;
   return {lo, begin, numel - begin < kChunk ? numel - begin : kChunk};
 }
+
+// Arithmetic rounded after each operation, never contracted into FMAs (see the top of the file).
+namespace rn {
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double sub(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double div(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ float sqrt(float a) { return __fsqrt_rn(a); }
+__device__ __forceinline__ double sqrt(double a) { return __dsqrt_rn(a); }
+}  // namespace rn
 
 // Scaling of one update (GradScaler), read by every block: null pointers when unused.
 struct ScalingArgs {
@@ -187,7 +204,7 @@ __global__ void __launch_bounds__(kOptimThreads)
           C st[KS];
 #pragma unroll
           for (int k = 0; k < K; ++k) st[k] = vs[u][k].v[j];
-          op(vm[u].v[j], to_acc(vg[u].v[j]) * unscale, st);
+          op(vm[u].v[j], rn::mul(to_acc(vg[u].v[j]), unscale), st);
           if (halves) split_master_into(vm[u].v[j], vp.v[j], vl.v[j]);
           else vp.v[j] = cast_to<T>(vm[u].v[j]);
 #pragma unroll
@@ -209,7 +226,7 @@ __global__ void __launch_bounds__(kOptimThreads)
     for (int k = 0; k < K; ++k) {
       if (load_state) st[k] = s[k][i];
     }
-    op(pi, to_acc(g[i]) * unscale, st);
+    op(pi, rn::mul(to_acc(g[i]), unscale), st);
     if (halves) split_master_into(pi, p[i], low[i]);
     else p[i] = cast_to<T>(pi);
     if (master != nullptr) master[i] = pi;
@@ -377,13 +394,13 @@ struct SgdOp {
   }
   __device__ bool loads_state() const { return kMomentum && !first_step; }
   __device__ void operator()(C& p, C g, C* state) const {
-    C d = g + weight_decay * p;
+    C d = rn::add(g, rn::mul(weight_decay, p));
     if constexpr (kMomentum) {
-      C buf = first_step ? d : momentum * state[0] + keep * d;
+      C buf = first_step ? d : rn::add(rn::mul(momentum, state[0]), rn::mul(keep, d));
       state[0] = buf;
-      d = nesterov ? d + momentum * buf : buf;
+      d = nesterov ? rn::add(d, rn::mul(momentum, buf)) : buf;
     }
-    p = p - lr * d;
+    p = rn::sub(p, rn::mul(lr, d));
   }
 };
 
@@ -408,11 +425,12 @@ struct AdamWOp {
   }
   __device__ bool loads_state() const { return true; }
   __device__ void operator()(C& p, C g, C* state) const {
-    C m = beta1 * state[0] + one_minus_beta1 * g;
-    C v = beta2 * state[1] + one_minus_beta2 * g * g;
+    C m = rn::add(rn::mul(beta1, state[0]), rn::mul(one_minus_beta1, g));
+    C v = rn::add(rn::mul(beta2, state[1]), rn::mul(rn::mul(one_minus_beta2, g), g));
     state[0] = m;
     state[1] = v;
-    p = p * decay - step_size * m / (std::sqrt(v) / bc2_sqrt + eps);
+    const C denom = rn::add(rn::div(rn::sqrt(v), bc2_sqrt), eps);
+    p = rn::sub(rn::mul(p, decay), rn::div(rn::mul(step_size, m), denom));
   }
 };
 }  // namespace

@@ -131,9 +131,9 @@ void allow_dynamic_shared_memory(const void* kernel, int device, size_t bytes) {
   set = bytes;
 }
 
-Event::Event() {
+Event::Event(bool timing) {
   cudaEvent_t e = nullptr;
-  TANDEM_CUDA_CHECK(cudaEventCreate(&e));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
   handle_ = e;
 }
 

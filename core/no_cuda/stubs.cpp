@@ -44,8 +44,6 @@ void check_not_capturing(const char*) {}
 void keep_until_capture_ends(std::shared_ptr<void>) { no_cuda("keep_until_capture_ends"); }
 void before_each_replay(std::function<void()>) { no_cuda("before_each_replay"); }
 void after_each_replay(std::function<void()>) { no_cuda("after_each_replay"); }
-EventRecordNode record_event_each_replay(StreamHandle, const Event&) { no_cuda("record_event_each_replay"); }
-void set_replay_event(EventRecordNode, const Event&) { no_cuda("set_replay_event"); }
 CapturedDraw capture_random_draw(Generator&, uint64_t, int) { no_cuda("capture_random_draw"); }
 OutsideGraphPool::OutsideGraphPool(int device) : device_(device) {}
 OutsideGraphPool::~OutsideGraphPool() = default;
@@ -63,7 +61,7 @@ int64_t Graph::num_nodes() const { return 0; }
 int64_t Graph::replays() const { return 0; }
 size_t Graph::pool_bytes() const { return 0; }
 
-Event::Event() { no_cuda("cuda::Event"); }
+Event::Event(bool /*timing*/) { no_cuda("cuda::Event"); }
 Event::~Event() = default;
 void Event::record(int) { no_cuda("cuda::Event"); }
 void Event::record_on(StreamHandle) { no_cuda("cuda::Event"); }

@@ -39,7 +39,7 @@ cat "$dir/analysis"
 problem=""
 if [ "$status" -eq 0 ]; then
   problem="the job exited 0 although rank 1 was stopped"
-elif ! grep -Eq "rank 0: $backend all_reduce of [0-9]+ bytes .*\(#6 'gradients of step 5'\) timed out after" "$dir/log"; then
+elif ! grep -Eq "rank 0: $backend all_reduce of [0-9]+ bytes .*\(#6 'gradients of step 5'\)( on cuda:[0-9]+)? timed out after" "$dir/log"; then
   problem="the timeout message does not name the collective's sequence number and label"
 elif [ ! -f "$dir/dumps/rank0-$backend.json" ]; then
   problem="rank 0 wrote no flight recorder"
