@@ -15,12 +15,17 @@
 // launches through NCCL like the raw call (InitOptions::nccl_launch_alone), so both sides run NCCL's
 // one-rank work and the comparison measures what tandem adds: the event edges to its communication
 // stream, the completion events, the watchdog, and in a graph the per-replay watch.
+//
+// --on-current-stream runs tandem's calls inside a dist::CollectivesOnCurrentStream scope: on the
+// caller's stream, as a collective waited for at once runs (PyTorch's async_op=False), without the
+// event edges to the communication stream and back.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include "allreduce.h"
@@ -77,7 +82,7 @@ class MpiBench final : public AllReduceBench {
 int main(int argc, char** argv) {
   using namespace tandem;
   int min_mb = 1, max_mb = 0, warmup = 5, reps = 20;
-  bool cuda_graph = false;
+  bool cuda_graph = false, on_current_stream = false;
   CLI::App app("All-reduce bandwidth: tandem's process group against the raw library call (run under mpirun)");
   app.add_option("--min-mb", min_mb, "smallest message, MiB (a power of two)")->check(CLI::PositiveNumber);
   app.add_option("--max-mb", max_mb, "largest message, MiB (default 1024 on GPUs, 64 on the CPU)");
@@ -85,6 +90,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "timed rounds per size")->check(CLI::PositiveNumber);
   app.add_flag("--cuda-graph", cuda_graph,
                "also time both sides captured into CUDA graphs (--reps calls per graph) and replayed (GPUs only)");
+  app.add_flag("--on-current-stream", on_current_stream,
+               "tandem's calls run on the caller's stream (dist::CollectivesOnCurrentStream), not the group's "
+               "communication stream (GPUs)");
   CLI11_PARSE(app, argc, argv);
 
   // A world of one launches through NCCL too, so that one GPU compares the same work on both sides.
@@ -106,6 +114,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (max_mb <= 0) max_mb = bench->backend() == "nccl" ? 1024 : 64;
+  std::optional<dist::CollectivesOnCurrentStream> on_caller_stream;  // every collective below is this thread's
+  if (on_current_stream) on_caller_stream.emplace();
   double bus_factor = w.size > 1 ? 2.0 * (w.size - 1) / w.size : 0.0;
   const int calls_per_graph = cuda_graph ? reps : 0;
 
@@ -115,6 +125,10 @@ int main(int argc, char** argv) {
     if (bench->backend() == "nccl" && w.size == 1) {
       std::printf("# a world of one: tandem's group launches through NCCL as the raw call does (nccl_launch_alone, "
                   "unless $TANDEM_NCCL_LAUNCH_ALONE=0); busbw is 0 for one rank, compare algbw\n");
+    }
+    if (on_current_stream) {
+      std::printf("# tandem's calls run on the caller's stream (dist::CollectivesOnCurrentStream)%s\n",
+                  bench->backend() == "nccl" ? "" : ": no effect on the MPI group");
     }
     if (cuda_graph) {
       std::printf("# graph: each side's %d calls captured into one CUDA graph, replayed %d times after one warm-up "
@@ -148,11 +162,12 @@ int main(int argc, char** argv) {
     }
     std::printf("\n");
     std::printf(
-        "{\"bench\": \"allreduce\", \"backend\": \"%s\", \"ranks\": %d, \"dtype\": \"f32\", \"bytes\": %zu, "
+        "{\"bench\": \"allreduce\", \"backend\": \"%s\", \"ranks\": %d, \"on_current_stream\": %s, "
+        "\"dtype\": \"f32\", \"bytes\": %zu, "
         "\"tandem_ms\": %.5f, \"raw_ms\": %.5f, \"tandem_algbw_gbs\": %.3f, \"tandem_busbw_gbs\": %.3f, "
         "\"raw_algbw_gbs\": %.3f, \"raw_busbw_gbs\": %.3f, \"tandem_over_raw\": %.4f, \"tandem_host_us\": %.2f, "
         "\"raw_host_us\": %.2f",
-        bench->backend().c_str(), w.size, bytes, slowest[0], slowest[1], tandem_algbw, tandem_algbw * bus_factor,
+        bench->backend().c_str(), w.size, on_current_stream ? "true" : "false", bytes, slowest[0], slowest[1], tandem_algbw, tandem_algbw * bus_factor,
         raw_algbw, raw_algbw * bus_factor, ratio(tandem_algbw, raw_algbw), t.tandem_host_us, t.raw_host_us);
     if (cuda_graph) {
       std::printf(
@@ -165,6 +180,7 @@ int main(int argc, char** argv) {
     std::printf("}\n");
     std::fflush(stdout);
   }
+  on_caller_stream.reset();
   bench.reset();
   dist::finalize();
   return 0;

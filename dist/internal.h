@@ -73,6 +73,9 @@ std::vector<uint8_t> host_all_gather(const void* mine, size_t bytes, double time
 // leaves without it and mpirun reports that.
 void mpi_finalize();
 
+// Whether a CollectivesOnCurrentStream scope is alive on the calling thread.
+bool collectives_on_current_stream();
+
 // ---- NCCL (dist/nccl_group.cpp or dist/no_nccl.cpp) ----
 bool nccl_is_built();
 // A communicator over every rank of `cpu_group`, on `device` (already current); rank 0's

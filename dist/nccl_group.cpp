@@ -208,10 +208,11 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
     }
   }
 
-  // Orders the collective after the caller's stream, enqueues it on the communication stream, and
-  // tracks it. `enqueue` makes the NCCL call(s) and returns their status.
+  // Orders the collective after the caller's stream, enqueues it on the communication stream (or,
+  // inside a CollectivesOnCurrentStream scope, on the caller's stream itself), and tracks it.
+  // `enqueue` makes the NCCL call(s) on the stream it is given and returns their status.
   std::shared_ptr<Work> launch(const std::shared_ptr<NcclWork>& w, const Fingerprint& fingerprint,
-                               const std::function<ncclResult_t()>& enqueue);
+                               const std::function<ncclResult_t(cudaStream_t)>& enqueue);
 
   // The watch of the capture under way on this thread, made (and hooked into the graph's replays)
   // by its first collective.
@@ -263,7 +264,7 @@ class NcclWorkHandle final : public TrackedWorkHandle {
 };
 
 std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const Fingerprint& fingerprint,
-                                       const std::function<ncclResult_t()>& enqueue) {
+                                       const std::function<ncclResult_t(cudaStream_t)>& enqueue) {
   check_usable(w->op, w->bytes);
   // Inside a CUDA graph capture the communication stream joins the capture through `ready`, and the
   // collective becomes a node of the graph: no timing events, its tensors kept until the capture
@@ -282,17 +283,23 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
   cuda::ProfilerRange range(w->op);
   if (!w->captured) w->start = take_event(/*timed=*/true);
   w->end = take_event(/*timed=*/!w->captured);
-  ready->record(device);  // on the caller's current stream
-  ready->wait_on(stream);
-  if (!w->captured) w->start->record_on(stream);
+  // The caller's stream, or the communication stream ordered after it by `ready`.
+  const bool on_caller_stream = collectives_on_current_stream();
+  const cudaStream_t run_on =
+      on_caller_stream ? static_cast<cudaStream_t>(cuda::current_stream_handle(device)) : nccl_stream();
+  if (!on_caller_stream) {
+    ready->record(device);  // on the caller's current stream
+    ready->wait_on(stream);
+  }
+  if (!w->captured) w->start->record_on(run_on);
   w->started = Clock::now();
   ncclResult_t status = ncclSuccess;
   if (nonblocking) {
-    status = enqueue();
+    status = enqueue(run_on);
     if (status == ncclInProgress) status = await_comm(w->started, timeout);
   } else {
     StuckCallWatch watch([this, w = w.get()] { return describe(*w) + location; }, kStuckCallHint, timeout);
-    status = enqueue();
+    status = enqueue(run_on);
   }
   if (status != ncclSuccess) {
     pending.push_back(w);  // fail() marks it and aborts
@@ -307,7 +314,7 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
     raise(*w);
   }
   if (w->captured) watch_for_capture().collectives.push_back({w->op, w->bytes, fingerprint});
-  w->end->record_on(stream);
+  w->end->record_on(run_on);
   if (w->captured) {
     cuda::keep_until_capture_ends(w);
     return std::make_shared<NcclWorkHandle>(shared_from_this(), w);
@@ -421,18 +428,18 @@ class NcclGroup final : public TrackedGroup {
     if (completes_alone()) return complete_alone(name, bytes, fingerprint);  // sum, avg, max, min of one: itself
     auto w = new_state(name, bytes, tensors);
     std::lock_guard<std::mutex> lock(core_->mutex);
-    return core_->launch(w, fingerprint, [&] {
+    return core_->launch(w, fingerprint, [&](cudaStream_t stream) {
       ncclComm_t comm = core_->comm;
       if (tensors.size() == 1) {
         const Tensor& t = tensors[0];
         return ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
-                             nccl_op(op, core_->size), comm, core_->nccl_stream());
+                             nccl_op(op, core_->size), comm, stream);
       }
       ncclResult_t first_error = ncclGroupStart();
       if (first_error != ncclSuccess) return first_error;
       for (const Tensor& t : tensors) {
         ncclResult_t status = ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
-                                            nccl_type(t.dtype()), nccl_op(op, core_->size), comm, core_->nccl_stream());
+                                            nccl_type(t.dtype()), nccl_op(op, core_->size), comm, stream);
         if (status != ncclSuccess && status != ncclInProgress && first_error == ncclSuccess) first_error = status;
       }
       ncclResult_t end = ncclGroupEnd();  // always closes the group, also after an error
@@ -447,9 +454,9 @@ class NcclGroup final : public TrackedGroup {
     auto fingerprint = Fingerprint::make("broadcast", tensor.numel(), tensor.dtype(), std::nullopt, root, label);
     if (completes_alone()) return complete_alone("broadcast", tensor.nbytes(), fingerprint);
     std::lock_guard<std::mutex> lock(core_->mutex);
-    return core_->launch(w, fingerprint, [&] {
+    return core_->launch(w, fingerprint, [&](cudaStream_t stream) {
       return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
-                           nccl_type(tensor.dtype()), root, core_->comm, core_->nccl_stream());
+                           nccl_type(tensor.dtype()), root, core_->comm, stream);
     });
   }
 
@@ -463,9 +470,9 @@ class NcclGroup final : public TrackedGroup {
     }
     auto w = new_state(name, output.nbytes(), {output, input});  // NCCL does in place itself
     std::lock_guard<std::mutex> lock(core_->mutex);
-    return core_->launch(w, fingerprint, [&] {
+    return core_->launch(w, fingerprint, [&](cudaStream_t stream) {
       return ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
-                           nccl_type(input.dtype()), core_->comm, core_->nccl_stream());
+                           nccl_type(input.dtype()), core_->comm, stream);
     });
   }
 
@@ -480,9 +487,9 @@ class NcclGroup final : public TrackedGroup {
     }
     auto w = new_state(name, input.nbytes(), {output, input});
     std::lock_guard<std::mutex> lock(core_->mutex);
-    return core_->launch(w, fingerprint, [&] {
+    return core_->launch(w, fingerprint, [&](cudaStream_t stream) {
       return ncclReduceScatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),
-                               nccl_type(input.dtype()), nccl_op(op, core_->size), core_->comm, core_->nccl_stream());
+                               nccl_type(input.dtype()), nccl_op(op, core_->size), core_->comm, stream);
     });
   }
 
@@ -497,11 +504,11 @@ class NcclGroup final : public TrackedGroup {
     }
     auto w = new_state(name, whole.nbytes(), {whole, part});
     std::lock_guard<std::mutex> lock(core_->mutex);
-    return core_->launch(w, fingerprint, [&] {
+    return core_->launch(w, fingerprint, [&](cudaStream_t stream) {
       // Rank r's block is a broadcast rooted at r: its `part` goes into that block everywhere.
       return each_block(counts, whole, [&](int root, void* block, size_t count) {
         const void* send = root == core_->rank ? part.data_ptr() : block;
-        return ncclBroadcast(send, block, count, nccl_type(whole.dtype()), root, core_->comm, core_->nccl_stream());
+        return ncclBroadcast(send, block, count, nccl_type(whole.dtype()), root, core_->comm, stream);
       });
     });
   }
@@ -518,12 +525,12 @@ class NcclGroup final : public TrackedGroup {
     }
     auto w = new_state(name, whole.nbytes(), {whole, part});
     std::lock_guard<std::mutex> lock(core_->mutex);
-    return core_->launch(w, fingerprint, [&] {
+    return core_->launch(w, fingerprint, [&](cudaStream_t stream) {
       // Rank r's block is a reduce rooted at r, into its `part`.
       return each_block(counts, whole, [&](int root, void* block, size_t count) {
         void* recv = root == core_->rank ? part.data_ptr() : block;  // read on the root only
         return ncclReduce(block, recv, count, nccl_type(whole.dtype()), nccl_op(op, core_->size), root, core_->comm,
-                          core_->nccl_stream());
+                          stream);
       });
     });
   }
@@ -533,9 +540,10 @@ class NcclGroup final : public TrackedGroup {
     std::shared_ptr<Work> work;
     {
       std::lock_guard<std::mutex> lock(core_->mutex);
-      work = core_->launch(w, Fingerprint::make("barrier", 0, std::nullopt, std::nullopt, -1, "barrier"), [&] {
+      work = core_->launch(w, Fingerprint::make("barrier", 0, std::nullopt, std::nullopt, -1, "barrier"),
+                           [&](cudaStream_t stream) {
         return ncclAllReduce(barrier_tensor_.data_ptr(), barrier_tensor_.data_ptr(), 1, ncclFloat32, ncclSum,
-                             core_->comm, core_->nccl_stream());
+                             core_->comm, stream);
       });
     }
     work->synchronize();

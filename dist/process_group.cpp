@@ -200,6 +200,17 @@ void finalize_at_exit() { finalize(); }
 
 }  // namespace
 
+namespace {
+thread_local int on_current_stream_depth = 0;  // CollectivesOnCurrentStream scopes alive on this thread
+}  // namespace
+
+CollectivesOnCurrentStream::CollectivesOnCurrentStream() { ++on_current_stream_depth; }
+CollectivesOnCurrentStream::~CollectivesOnCurrentStream() { --on_current_stream_depth; }
+
+namespace internal {
+bool collectives_on_current_stream() { return on_current_stream_depth > 0; }
+}  // namespace internal
+
 ProcessGroup& World::group_for(const Device& d) const {
   if (d.is_cpu()) {
     TANDEM_CHECK_AS(DeviceError, cpu_group != nullptr, "dist: no process group for cpu tensors (call dist::init())");

@@ -303,5 +303,36 @@ TEST(NcclGroupTest, WaitOrdersTheCallersStreamWithoutBlocking) {
   }
 }
 
+// Inside a CollectivesOnCurrentStream scope the collectives run on the caller's stream: work queued
+// after them on that stream sees their results even without wait(), and a reduce-scatter and an
+// all-gather in a row give the all-reduce's values.
+TEST(NcclGroupTest, CollectivesOnTheCurrentStreamOrderWithItsWork) {
+  TANDEM_REQUIRE_NCCL();
+  const World& w = world();
+  uint64_t seed = shared_seed();
+  const int64_t n = 4099;  // elements per rank's block: odd, so no vector path lines up by luck
+  Shape shape{w.size * n};
+  std::vector<double> expected = reduce_all(all_inputs(seed, w.size, shape, DType::f32), ReduceOp::sum, DType::f32);
+  Tensor x = kernels::to_device(rank_input(seed, w.rank, shape, DType::f32), w.device);
+  Tensor again = kernels::to_device(rank_input(seed, w.rank, shape, DType::f32), w.device);
+  Tensor mine = empty({n}, TensorOptions(DType::f32, w.device));
+  Tensor gathered = empty(shape, TensorOptions(DType::f32, w.device));
+  Tensor doubled;
+  {
+    CollectivesOnCurrentStream on_this_stream;
+    std::shared_ptr<Work> reduced = w.gpu_group->all_reduce(x, ReduceOp::sum, "on the current stream");
+    doubled = kernels::unary(UnaryOp::scale, x, 2.0);  // no wait(): the same stream orders it
+    w.gpu_group->reduce_scatter(mine, again, ReduceOp::sum);
+    w.gpu_group->all_gather(gathered, mine)->wait();
+    reduced->synchronize();
+    EXPECT_TRUE(reduced->is_completed());
+    EXPECT_GE(reduced->elapsed_ms(), 0.0);
+  }
+  std::vector<double> twice = expected;
+  for (double& v : twice) v *= 2;
+  EXPECT_TRUE(all_close(doubled, twice, rtol_for(DType::f32), 0.0));
+  EXPECT_TRUE(all_close(gathered, expected, rtol_for(DType::f32), 0.0));
+}
+
 }  // namespace
 }  // namespace tandem::dist
