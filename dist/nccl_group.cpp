@@ -237,6 +237,10 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
     comm = nullptr;
   }
 
+  // A CUDA event needs no polling to progress, and completions wait for the next round (or the
+  // next launch's sweep) at most: no wake-up per collective.
+  bool polls_while_idle() const override { return true; }
+
   std::chrono::microseconds poll_interval() const override {
     return std::chrono::microseconds(static_cast<int64_t>(std::clamp(timeout / 20, 0.001, 0.1) * 1e6));
   }

@@ -184,7 +184,7 @@ void WorkTracker::raise(const TrackedWork& w) const { TANDEM_THROW(BackendError,
 
 void WorkTracker::track(const std::shared_ptr<TrackedWork>& w) {
   pending.push_back(w);
-  wake_.notify_one();
+  if (!polls_while_idle()) wake_.notify_one();
 }
 
 void WorkTracker::fail(const std::string& message, const TrackedWork* culprit) {
@@ -274,7 +274,7 @@ void WorkTracker::watchdog_round() {
 void WorkTracker::watch() {
   std::unique_lock<std::mutex> lock(mutex);
   while (!stop) {
-    if (pending.empty()) {
+    if (pending.empty() && !polls_while_idle()) {
       wake_.wait(lock, [&] { return stop || !pending.empty(); });
     } else {
       // Polling is what moves MPI's non-blocking collectives along; slower once the group failed.

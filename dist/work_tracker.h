@@ -99,7 +99,7 @@ class WorkTracker {
   void check_usable(const char* op, size_t bytes) const;
   [[noreturn]] void raise(const TrackedWork& w) const;
 
-  // Tracks a collective that was just posted and wakes the watchdog.
+  // Tracks a collective that was just posted, and wakes the watchdog unless it polls while idle.
   void track(const std::shared_ptr<TrackedWork>& w);
   // Marks the group failed with `message` (the culprit's own error; the others say they were
   // pending), reports it once on stderr, and aborts the backend. Later failures are ignored.
@@ -115,7 +115,8 @@ class WorkTracker {
   // Sweeps until nothing is pending or `limit` seconds passed; true when nothing is pending.
   bool drain(double limit, std::unique_lock<std::mutex>& lock);
 
-  // The watchdog thread: a round (watchdog_round) every poll_interval while work is pending.
+  // The watchdog thread: a round (watchdog_round) every poll_interval while work is pending (and
+  // while idle too where the backend polls while idle).
   void start_watchdog();
   // Stops and joins it; false when it was stopped already (by an earlier shutdown).
   bool stop_watchdog();
@@ -129,6 +130,10 @@ class WorkTracker {
   // Backend: one watchdog round; the default sweeps and checks the timeouts.
   virtual void watchdog_round();
   virtual std::chrono::microseconds poll_interval() const = 0;
+  // Backend: true makes the watchdog poll every poll_interval also while nothing is pending, so
+  // that track() need not wake it. Waking it per collective costs the launching thread a system
+  // call, and the woken watchdog then takes the group's lock while the launcher wants it.
+  virtual bool polls_while_idle() const { return false; }
 
  private:
   void watch();
