@@ -8,7 +8,7 @@
 //
 // The communicator is blocking by default, as PyTorch's is: NCCL launches each call on the
 // caller's thread. A non-blocking one (InitOptions::nccl_nonblocking) hands every call to a
-// thread of NCCL's own, which cost 90-190 us of host time per all-reduce on 2 H100s (2026-11-28,
+// thread of NCCL's own, which cost 89-186 us of host time per all-reduce on 2 H100s (2026-11-28,
 // bench/allreduce), against 13-20 us for the raw blocking call: more than a 1 MiB all-reduce
 // takes on the GPU. What the non-blocking mode gives is calls that can be aborted while they run.
 // The watchdog aborts only between calls (it holds the group's lock, as every launch does), so a
@@ -90,7 +90,7 @@ struct NcclWork : TrackedWork {
 // an event recorded on the launching stream right after the graph, which passes when the whole
 // replay has. So the watchdog fails the group when a replay runs past the timeout, and the graph
 // holds nothing for it: an event-record node per collective cost each replay about 2 us per
-// collective (bench/allreduce, one H100, 2026-11-28), more than the rest of tandem's part.
+// collective (bench/allreduce, 2 H100s, 2026-11-28), more than the rest of tandem's part.
 struct ReplayWatch {
   struct Collective {
     const char* op = "";

@@ -107,7 +107,7 @@ class ProcessGroup {
 
 // While one lives, the NCCL collectives this thread issues run on its current stream instead of
 // the group's communication stream, as PyTorch's do with async_op=False: no event edges to the
-// communication stream and back, which cost some 7 us of GPU time per collective (bench/allreduce,
+// communication stream and back, which cost 2-3 us per all-reduce, eager or replayed (bench/allreduce,
 // 2 H100s, 2026-11-28). For collectives the caller waits for at once; they do not overlap the
 // caller's later work, which DDP's buckets need (DDP and ZeRO keep the communication stream).
 // Everything else is the same: Works, timeouts, fingerprints, capture into CUDA graphs. Nests; no
