@@ -2,16 +2,20 @@
 // same buffers in the same run (ncclAllReduce on GPUs; MPI_Allreduce on the CPU when there is no
 // GPU), f32 sum, message sizes from 1 MiB to 1 GiB in powers of two. Run it under mpirun:
 //
-//   mpirun -np 2 bench/allreduce [--min-mb 1] [--max-mb 1024] [--warmup 5] [--reps 20] [--cuda-graph]
+//   mpirun -np 2 bench/allreduce [--min-mb 1] [--max-mb 1024] [--warmup 5] [--reps 20] [--calls 20]
+//                                [--cuda-graph] [--on-current-stream]
 //
 // Bandwidths follow nccl-tests: algbw = bytes / time, busbw = algbw * 2 (n - 1) / n, in GB/s
-// (10^9 bytes). The times are medians over rounds (each round runs both, one after the other), the
-// slowest rank's. "tandem/raw" is tandem's busbw over the raw call's: 1 means no overhead. Each
+// (10^9 bytes), the time being a call's: each round issues --calls calls of one side back to back
+// (as nccl-tests' iterations; each tandem call waited for with Work::wait, as a caller that needs
+// the result does), then as many of the other, and divides. The times are medians over rounds, the
+// slowest rank's. "tandem/raw" is tandem's busbw over the raw call's: 1 means no overhead. With
+// --calls 1 a round times one call from an idle GPU, the host's time to issue it included. Each
 // size also prints one JSON object on a line of its own.
 //
-// --cuda-graph (GPUs only) adds the captured mode: each side's calls (tandem's all_reduce + wait,
-// the raw ncclAllReduce) captured into a CUDA graph, --reps of them per graph, and the graphs
-// replayed; times per call, with their own tandem/raw. On one GPU (a world of one) tandem's group
+// --cuda-graph (GPUs only) adds the captured mode: each side's --calls calls (tandem's all_reduce +
+// wait, the raw ncclAllReduce) captured into one CUDA graph and the graphs replayed; times per
+// call, with their own tandem/raw. On one GPU (a world of one) tandem's group
 // launches through NCCL like the raw call (InitOptions::nccl_launch_alone), so both sides run NCCL's
 // one-rank work and the comparison measures what tandem adds: the event edges to its communication
 // stream, the completion events, the watchdog, and in a graph the per-replay watch.
@@ -41,33 +45,33 @@ double median(std::vector<double> v) {
 }
 
 // tandem's MPI group against MPI_Allreduce on MPI_COMM_WORLD, timed on the host; the ranks line up
-// with a barrier before each call.
+// with a barrier before each round.
 class MpiBench final : public AllReduceBench {
  public:
   std::string backend() const override { return "mpi"; }
   std::string raw_name() const override { return "MPI_Allreduce"; }
   bool captures() const override { return false; }
 
-  AllReduceTiming time(size_t bytes, int warmup, int reps, int /*calls_per_graph*/) override {
+  AllReduceTiming time(size_t bytes, int warmup, int reps, int calls, bool /*graph*/) override {
     const dist::World& w = dist::world();
     int n = static_cast<int>(bytes / sizeof(float));
     Tensor buffer = randn({n});  // (n,) f32, never zeros
-    auto seconds = [](auto&& fn) {
+    auto seconds_per_call = [calls](auto&& fn) {
       MPI_Barrier(MPI_COMM_WORLD);
       auto start = std::chrono::steady_clock::now();
-      fn();
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      for (int c = 0; c < calls; ++c) fn();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls;
     };
     auto run_tandem = [&] { w.cpu_group->all_reduce(buffer, dist::ReduceOp::sum)->wait(); };
     auto run_raw = [&] { MPI_Allreduce(MPI_IN_PLACE, buffer.data_ptr(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
+    for (int i = 0; i < warmup; ++i) {
+      run_tandem();
+      run_raw();
+    }
     std::vector<double> tandem_ms, raw_ms;
-    for (int i = 0; i < warmup + reps; ++i) {
-      double a = seconds(run_tandem) * 1e3;
-      double b = seconds(run_raw) * 1e3;
-      if (i >= warmup) {
-        tandem_ms.push_back(a);
-        raw_ms.push_back(b);
-      }
+    for (int i = 0; i < reps; ++i) {
+      tandem_ms.push_back(seconds_per_call(run_tandem) * 1e3);
+      raw_ms.push_back(seconds_per_call(run_raw) * 1e3);
     }
     AllReduceTiming t;
     t.tandem_ms = median(tandem_ms);
@@ -81,15 +85,19 @@ class MpiBench final : public AllReduceBench {
 
 int main(int argc, char** argv) {
   using namespace tandem;
-  int min_mb = 1, max_mb = 0, warmup = 5, reps = 20;
+  int min_mb = 1, max_mb = 0, warmup = 5, reps = 20, calls = 20;
   bool cuda_graph = false, on_current_stream = false;
   CLI::App app("All-reduce bandwidth: tandem's process group against the raw library call (run under mpirun)");
   app.add_option("--min-mb", min_mb, "smallest message, MiB (a power of two)")->check(CLI::PositiveNumber);
   app.add_option("--max-mb", max_mb, "largest message, MiB (default 1024 on GPUs, 64 on the CPU)");
   app.add_option("--warmup", warmup, "untimed rounds per size")->check(CLI::NonNegativeNumber);
   app.add_option("--reps", reps, "timed rounds per size")->check(CLI::PositiveNumber);
+  app.add_option("--calls", calls,
+                 "calls per round and side, issued back to back (1: each call alone, from an idle GPU); also the "
+                 "calls a graph holds")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--cuda-graph", cuda_graph,
-               "also time both sides captured into CUDA graphs (--reps calls per graph) and replayed (GPUs only)");
+               "also time both sides captured into CUDA graphs (--calls calls per graph) and replayed (GPUs only)");
   app.add_flag("--on-current-stream", on_current_stream,
                "tandem's calls run on the caller's stream (dist::CollectivesOnCurrentStream), not the group's "
                "communication stream (GPUs)");
@@ -117,11 +125,12 @@ int main(int argc, char** argv) {
   std::optional<dist::CollectivesOnCurrentStream> on_caller_stream;  // every collective below is this thread's
   if (on_current_stream) on_caller_stream.emplace();
   double bus_factor = w.size > 1 ? 2.0 * (w.size - 1) / w.size : 0.0;
-  const int calls_per_graph = cuda_graph ? reps : 0;
 
   if (w.rank == 0) {
-    std::printf("# tandem %s all_reduce vs %s: %d ranks, f32 sum, %s; median of %d rounds after %d warm-up\n",
-                bench->backend().c_str(), bench->raw_name().c_str(), w.size, w.device.str().c_str(), reps, warmup);
+    std::printf("# tandem %s all_reduce vs %s: %d ranks, f32 sum, %s; ms per call, median of %d rounds of %d calls "
+                "back to back after %d warm-up calls\n",
+                bench->backend().c_str(), bench->raw_name().c_str(), w.size, w.device.str().c_str(), reps, calls,
+                warmup);
     if (bench->backend() == "nccl" && w.size == 1) {
       std::printf("# a world of one: tandem's group launches through NCCL as the raw call does (nccl_launch_alone, "
                   "unless $TANDEM_NCCL_LAUNCH_ALONE=0); busbw is 0 for one rank, compare algbw\n");
@@ -133,7 +142,7 @@ int main(int argc, char** argv) {
     if (cuda_graph) {
       std::printf("# graph: each side's %d calls captured into one CUDA graph, replayed %d times after one warm-up "
                   "replay; ms per call, median over replays\n",
-                  calls_per_graph, bench::kGraphReplays);
+                  calls, bench::kGraphReplays);
     }
     std::printf("# %12s  %10s %10s %10s  %10s %10s %10s  %10s  %s", "bytes", "tandem ms", "algbw", "busbw", "raw ms",
                 "algbw", "busbw", "tandem/raw", "host us to issue: tandem raw (rank 0)");
@@ -145,7 +154,7 @@ int main(int argc, char** argv) {
   }
   for (size_t mb = static_cast<size_t>(min_mb); mb <= static_cast<size_t>(max_mb); mb *= 2) {
     size_t bytes = mb << 20;
-    bench::AllReduceTiming t = bench->time(bytes, warmup, reps, calls_per_graph);
+    bench::AllReduceTiming t = bench->time(bytes, warmup, reps, calls, cuda_graph);
     double slowest[4] = {t.tandem_ms, t.raw_ms, t.tandem_graph_ms, t.raw_graph_ms};
     MPI_Allreduce(MPI_IN_PLACE, slowest, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (w.rank != 0) continue;
@@ -163,18 +172,18 @@ int main(int argc, char** argv) {
     std::printf("\n");
     std::printf(
         "{\"bench\": \"allreduce\", \"backend\": \"%s\", \"ranks\": %d, \"on_current_stream\": %s, "
-        "\"dtype\": \"f32\", \"bytes\": %zu, "
+        "\"calls_per_round\": %d, \"dtype\": \"f32\", \"bytes\": %zu, "
         "\"tandem_ms\": %.5f, \"raw_ms\": %.5f, \"tandem_algbw_gbs\": %.3f, \"tandem_busbw_gbs\": %.3f, "
         "\"raw_algbw_gbs\": %.3f, \"raw_busbw_gbs\": %.3f, \"tandem_over_raw\": %.4f, \"tandem_host_us\": %.2f, "
         "\"raw_host_us\": %.2f",
-        bench->backend().c_str(), w.size, on_current_stream ? "true" : "false", bytes, slowest[0], slowest[1], tandem_algbw, tandem_algbw * bus_factor,
+        bench->backend().c_str(), w.size, on_current_stream ? "true" : "false", calls, bytes, slowest[0], slowest[1], tandem_algbw, tandem_algbw * bus_factor,
         raw_algbw, raw_algbw * bus_factor, ratio(tandem_algbw, raw_algbw), t.tandem_host_us, t.raw_host_us);
     if (cuda_graph) {
       std::printf(
           ", \"calls_per_graph\": %d, \"tandem_graph_ms\": %.5f, \"raw_graph_ms\": %.5f, "
           "\"tandem_graph_algbw_gbs\": %.3f, \"tandem_graph_busbw_gbs\": %.3f, \"raw_graph_algbw_gbs\": %.3f, "
           "\"raw_graph_busbw_gbs\": %.3f, \"tandem_over_raw_graph\": %.4f",
-          calls_per_graph, slowest[2], slowest[3], tandem_graph_algbw, tandem_graph_algbw * bus_factor,
+          calls, slowest[2], slowest[3], tandem_graph_algbw, tandem_graph_algbw * bus_factor,
           raw_graph_algbw, raw_graph_algbw * bus_factor, ratio(tandem_graph_algbw, raw_graph_algbw));
     }
     std::printf("}\n");

@@ -1,8 +1,10 @@
 // The GPU half of the all-reduce benchmark: tandem's NCCL group (comm stream, events, watchdog)
 // against a raw ncclAllReduce on the compute stream, through a second communicator of the same
-// ranks, on the same buffer. CUDA events on the caller's stream time both. In the captured mode
-// each side's calls are captured into a CUDA graph (tandem's through cuda::Graph, as a training
-// step is; the raw calls with CUDA's own stream capture) and the graphs replayed.
+// ranks, on the same buffer. CUDA events on the caller's stream time each side's calls of a
+// round, issued back to back from an idle GPU (as nccl-tests times its iterations): a side whose
+// host issues a call more slowly than the GPU runs one falls behind. In the captured mode each
+// side's calls are captured into a CUDA graph (tandem's through cuda::Graph, as a training step
+// is; the raw calls with CUDA's own stream capture) and the graphs replayed.
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -85,7 +87,7 @@ class NcclBench final : public AllReduceBench {
   std::string raw_name() const override { return "ncclAllReduce"; }
   bool captures() const override { return true; }
 
-  AllReduceTiming time(size_t bytes, int warmup, int reps, int calls_per_graph) override {
+  AllReduceTiming time(size_t bytes, int warmup, int reps, int calls, bool graph) override {
     const dist::World& w = dist::world();
     cuda::DeviceGuard guard(device_);
     cudaStream_t stream = cuda::current_stream(device_);
@@ -102,30 +104,33 @@ class NcclBench final : public AllReduceBench {
       run_tandem();
       run_raw();
     }
+    // Round i: events 4i and 4i + 1 around the tandem calls, 4i + 2 and 4i + 3 around the raw ones.
     std::vector<cudaEvent_t> events(4 * reps);
     for (auto& e : events) TANDEM_CUDA_CHECK(cudaEventCreate(&e));
     std::vector<double> tandem_host_us, raw_host_us;
-    auto host_us = [](const auto& call) {
+    auto host_us_per_call = [calls](const auto& call) {
       auto start = std::chrono::steady_clock::now();
-      call();
-      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+      for (int c = 0; c < calls; ++c) call();
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / calls;
     };
     for (int i = 0; i < reps; ++i) {
       TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i], stream));
-      tandem_host_us.push_back(host_us(run_tandem));
+      tandem_host_us.push_back(host_us_per_call(run_tandem));
       TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 1], stream));
       TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 2], stream));
-      raw_host_us.push_back(host_us(run_raw));
+      raw_host_us.push_back(host_us_per_call(run_raw));
       TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 3], stream));
+      // The next round starts from an idle GPU, as the first did.
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      TANDEM_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     }
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
     AllReduceTiming t;
-    t.tandem_ms = median(elapsed_pairs(events, 0, 4, reps, 1));
-    t.raw_ms = median(elapsed_pairs(events, 2, 4, reps, 1));
+    t.tandem_ms = median(elapsed_pairs(events, 0, 4, reps, calls));
+    t.raw_ms = median(elapsed_pairs(events, 2, 4, reps, calls));
     t.tandem_host_us = median(tandem_host_us);
     t.raw_host_us = median(raw_host_us);
     for (auto& e : events) cudaEventDestroy(e);
-    if (calls_per_graph > 0) time_graphs(run_tandem, buffer, calls_per_graph, t);
+    if (graph) time_graphs(run_tandem, buffer, calls, t);
     return t;
   }
 

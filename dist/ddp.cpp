@@ -483,6 +483,7 @@ void DistributedDataParallel::launch(Bucket& b) {
   b.comm_bytes = static_cast<int64_t>(b.comm.nbytes());
   const bool scatter = options_.zero_stage == 2;
   const std::string label = "ddp bucket " + std::to_string(b.index) + " of step " + std::to_string(steps_);
+  TimedCollectives timed;  // stats() and the timeline read the buckets' device times
   if (scatter) {
     b.work = group_->reduce_scatter_v(b.shard, b.comm, b.shard_counts, ReduceOp::avg, label);
     // This rank keeps only its shard: the Work holds the full bucket until the collective is done,

@@ -75,14 +75,21 @@ void mpi_finalize();
 
 // Whether a CollectivesOnCurrentStream scope is alive on the calling thread.
 bool collectives_on_current_stream();
+// Whether a TimedCollectives scope is alive on the calling thread.
+bool collectives_timed();
 
 // ---- NCCL (dist/nccl_group.cpp or dist/no_nccl.cpp) ----
 bool nccl_is_built();
+// What dist::init settled for the NCCL group (InitOptions and their environment variables).
+struct NcclSettings {
+  double timeout_seconds = 600;
+  bool launch_alone = false;      // InitOptions::nccl_launch_alone
+  bool nonblocking = false;       // InitOptions::nccl_nonblocking
+  bool time_collectives = false;  // InitOptions::time_collectives
+};
 // A communicator over every rank of `cpu_group`, on `device` (already current); rank 0's
-// ncclUniqueId travels through cpu_group. `launch_alone`, `nonblocking`: InitOptions::nccl_launch_alone,
-// InitOptions::nccl_nonblocking.
-std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int device, double timeout_seconds,
-                                              bool launch_alone, bool nonblocking);
+// ncclUniqueId travels through cpu_group.
+std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int device, const NcclSettings& settings);
 // Stops the watchdog, then finalizes and destroys the communicator (aborts it when collectives are
 // still pending). Later calls on the group raise.
 void nccl_shutdown_group(ProcessGroup& group);

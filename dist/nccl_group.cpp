@@ -1,6 +1,7 @@
 // The NCCL process group: collectives on cuda tensors of this rank's GPU. Each collective is
 // ordered after the caller's current stream by an event, runs on a high-priority communication
-// stream, and records a completion event; the host never blocks. A watchdog thread completes
+// stream, and records a completion event (without timing: a pair of timing events around it only
+// where asked, TimedCollectives, since each costs the stream some 3 us); the host never blocks. A watchdog thread completes
 // Works (releasing their tensors), polls ncclCommGetAsyncError, and aborts the communicator when a
 // collective fails or runs past the timeout, so no kernel spins forever on a peer that is gone.
 // Collectives captured into a CUDA graph are issued again by every replay, and watched the same
@@ -75,13 +76,16 @@ std::string nccl_text(ncclResult_t status, ncclComm_t comm) {
 }
 
 struct NcclWork : TrackedWork {
-  // On the communication stream, around the collective; back to the pools once completed. An
-  // eager collective's pair is timed (elapsed_ms); a captured one has no start and an end for
-  // ordering only (inside the capture its waits become edges of the graph).
+  NcclWork() { timed_on_host = false; }
+  // On the collective's stream, around it; back to the pools once completed. A timed collective's
+  // pair has timing (elapsed_ms); otherwise there is no start, and the end (without timing, which
+  // costs the stream nothing) serves completion and ordering (inside a capture its waits become
+  // edges of the graph).
   std::unique_ptr<cuda::Event> start, end;
   // A replayed collective's end instead: recorded after the graph's launch, shared by all the
   // collectives of that replay (ReplayWatch).
   std::shared_ptr<cuda::Event> replay_end;
+  cuda::StreamHandle stream = nullptr;  // where it ran: the communication stream or the caller's
 };
 
 // The collectives that one CUDA graph capture recorded on the group, which every replay of the
@@ -110,6 +114,7 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
   int device = 0;
   bool launch_alone = false;            // InitOptions::nccl_launch_alone
   bool nonblocking = false;             // InitOptions::nccl_nonblocking
+  bool time_all = false;                // InitOptions::time_collectives
   cuda::StreamHandle stream = nullptr;  // the communication stream
   std::unique_ptr<cuda::Event> ready;   // recorded on the caller's stream before each collective; no timing
   std::vector<std::unique_ptr<cuda::Event>> spare_timed_events, spare_sync_events;
@@ -246,24 +251,27 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
   }
 };
 
-// wait(): the caller's stream waits for the collective; the host goes on.
+// wait(): the caller's stream waits for the collective; the host goes on. A collective that ran
+// on the caller's current stream is ordered before what comes next already.
 class NcclWorkHandle final : public TrackedWorkHandle {
  public:
   using TrackedWorkHandle::TrackedWorkHandle;
   void wait() override {
     auto& core = static_cast<NcclCore&>(*tracker_);
+    auto& w = static_cast<NcclWork&>(*state_);
     std::lock_guard<std::mutex> lock(core.mutex);
-    if (state_->failed) core.raise(*state_);
-    if (state_->captured) {
+    if (w.failed) core.raise(w);
+    const bool same_stream = w.stream == cuda::current_stream_handle(core.device);
+    if (w.captured) {
       // Inside its capture: an edge of the graph. After it: each replay has waited already.
-      if (cuda::is_capturing()) static_cast<NcclWork&>(*state_).end->wait(core.device);
+      if (cuda::is_capturing() && !same_stream) w.end->wait(core.device);
       return;
     }
-    if (state_->done) return;
-    TANDEM_CHECK_AS(GraphCaptureError, !cuda::is_capturing(), core.describe(*state_),
+    if (w.done) return;
+    TANDEM_CHECK_AS(GraphCaptureError, !cuda::is_capturing(), core.describe(w),
                     " was launched before the CUDA graph capture and is waited for inside it: wait for it before "
                     "capture_begin (a capture can only wait for work it captured)");
-    static_cast<NcclWork&>(*state_).end->wait(core.device);
+    if (!same_stream) w.end->wait(core.device);
   }
 };
 
@@ -285,17 +293,19 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
   }
   cuda::DeviceGuard guard(device);
   cuda::ProfilerRange range(w->op);
-  if (!w->captured) w->start = take_event(/*timed=*/true);
-  w->end = take_event(/*timed=*/!w->captured);
+  const bool timed = !w->captured && (time_all || collectives_timed());
+  if (timed) w->start = take_event(/*timed=*/true);
+  w->end = take_event(timed);
   // The caller's stream, or the communication stream ordered after it by `ready`.
   const bool on_caller_stream = collectives_on_current_stream();
   const cudaStream_t run_on =
       on_caller_stream ? static_cast<cudaStream_t>(cuda::current_stream_handle(device)) : nccl_stream();
+  w->stream = run_on;
   if (!on_caller_stream) {
     ready->record(device);  // on the caller's current stream
     ready->wait_on(stream);
   }
-  if (!w->captured) w->start->record_on(run_on);
+  if (timed) w->start->record_on(run_on);
   w->started = Clock::now();
   ncclResult_t status = ncclSuccess;
   if (nonblocking) {
@@ -323,8 +333,8 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
     cuda::keep_until_capture_ends(w);
     return std::make_shared<NcclWorkHandle>(shared_from_this(), w);
   }
-  mark_started(*w);  // enqueued on the communication stream
-  sweep();
+  mark_started(*w);  // enqueued
+  sweep_at_launch();
   track(w);
   return std::make_shared<NcclWorkHandle>(shared_from_this(), w);
 }
@@ -363,7 +373,7 @@ void NcclCore::track_replay(ReplayWatch& watch) {
   // On the stream the graph was just launched on (still current): passes once the whole replay has.
   auto end = std::make_shared<cuda::Event>(/*timing=*/false);
   end->record(device);
-  sweep();
+  sweep_at_launch();
   const Clock::time_point launched = Clock::now();
   for (const ReplayWatch::Collective& c : watch.collectives) {
     auto w = std::make_shared<NcclWork>();
@@ -611,8 +621,7 @@ class NcclGroup final : public TrackedGroup {
 
 bool nccl_is_built() { return true; }
 
-std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int device, double timeout_seconds,
-                                              bool launch_alone, bool nonblocking) {
+std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int device, const NcclSettings& settings) {
   int rank = cpu_group.rank(), size = cpu_group.size();
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
@@ -626,12 +635,12 @@ std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int devic
 
   cuda::DeviceGuard guard(device);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = nonblocking ? 0 : 1;  // see the top of the file
+  config.blocking = settings.nonblocking ? 0 : 1;  // see the top of the file
   ncclComm_t comm = nullptr;
   auto start = Clock::now();
   // Creating a communicator can take seconds on a busy machine (it sets up every link): it gets
   // at least a minute, whatever short timeout the collectives have.
-  const double init_timeout = std::max(timeout_seconds, 60.0);
+  const double init_timeout = std::max(settings.timeout_seconds, 60.0);
   {
     StuckCallWatch watch(
         [rank, size, device] {
@@ -660,9 +669,10 @@ std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int devic
   core->rank = rank;
   core->size = size;
   core->device = device;
-  core->timeout = timeout_seconds;
-  core->launch_alone = launch_alone;
-  core->nonblocking = nonblocking;
+  core->timeout = settings.timeout_seconds;
+  core->launch_alone = settings.launch_alone;
+  core->nonblocking = settings.nonblocking;
+  core->time_all = settings.time_collectives;
   core->location = ::tandem::detail::concat(" on cuda:", device);
   core->stream = cuda::high_priority_stream(device);
   core->ready = std::make_unique<cuda::Event>(/*timing=*/false);

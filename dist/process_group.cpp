@@ -202,13 +202,18 @@ void finalize_at_exit() { finalize(); }
 
 namespace {
 thread_local int on_current_stream_depth = 0;  // CollectivesOnCurrentStream scopes alive on this thread
+thread_local int timed_depth = 0;              // TimedCollectives scopes alive on this thread
 }  // namespace
 
 CollectivesOnCurrentStream::CollectivesOnCurrentStream() { ++on_current_stream_depth; }
 CollectivesOnCurrentStream::~CollectivesOnCurrentStream() { --on_current_stream_depth; }
 
+TimedCollectives::TimedCollectives() { ++timed_depth; }
+TimedCollectives::~TimedCollectives() { --timed_depth; }
+
 namespace internal {
 bool collectives_on_current_stream() { return on_current_stream_depth > 0; }
+bool collectives_timed() { return timed_depth > 0; }
 }  // namespace internal
 
 ProcessGroup& World::group_for(const Device& d) const {
@@ -239,6 +244,8 @@ const World& init(const InitOptions& options) {
                                           "launch NCCL collectives in a world of one too");
   const bool nonblocking = flag_from_env("TANDEM_NCCL_NONBLOCKING", options.nccl_nonblocking,
                                          "a non-blocking NCCL communicator");
+  const bool time_collectives = flag_from_env("TANDEM_TIME_COLLECTIVES", options.time_collectives,
+                                              "every NCCL collective timed on the GPU");
   TANDEM_CHECK_AS(ValueError, timeout > 0, "dist::init: timeout_seconds must be positive, got ", timeout);
 
   const char* dump_env = std::getenv("TANDEM_DIST_DUMP_DIR");
@@ -267,7 +274,8 @@ const World& init(const InitOptions& options) {
                                              devices, " ranks per node)");
       if (w.local_rank == 0) internal::report_failure("dist::init: no NCCL group: " + s.no_gpu_group_reason);
     } else {
-      w.gpu_group = internal::make_nccl_group(*w.cpu_group, index, timeout, launch_alone, nonblocking);
+      w.gpu_group = internal::make_nccl_group(*w.cpu_group, index,
+                                              {timeout, launch_alone, nonblocking, time_collectives});
     }
   }
   s.world = w;

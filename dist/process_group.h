@@ -39,8 +39,9 @@ class Work {
   virtual void wait() = 0;
   virtual void synchronize() = 0;
   virtual bool is_completed() = 0;  // non-blocking query; also true once the collective failed
-  // Device time of the collective once completed (CUDA events), else -1. MPI: host time from
-  // posting the collective until its completion was seen. 0 in a group of one, which launches
+  // Device time of the collective once completed (CUDA events), else -1. NCCL times a collective
+  // only when asked (TimedCollectives, InitOptions::time_collectives): -1 otherwise. MPI: host time
+  // from posting the collective until its completion was seen. 0 in a group of one, which launches
   // nothing where the result equals the input (unless InitOptions::nccl_launch_alone).
   virtual double elapsed_ms() = 0;
 };
@@ -120,6 +121,22 @@ class CollectivesOnCurrentStream {
   CollectivesOnCurrentStream& operator=(const CollectivesOnCurrentStream&) = delete;
 };
 
+// While one lives, the NCCL collectives this thread issues are timed on the GPU (a pair of timing
+// events around each), so that Work::elapsed_ms() reports their device time; outside one they are
+// not (-1), unless InitOptions::time_collectives. A timing event between NCCL kernels costs their
+// stream some 3 us, an event without timing nothing (2 H100s, 2026-11-28: an all-reduce of 1 MiB
+// back to back took 13.6 us, 17.1 with a timing event after each, 19.9 with one before and after),
+// which is why PyTorch also times none by default (TORCH_NCCL_ENABLE_TIMING). DDP and ZeRO time
+// their buckets (their stats() and the Timeline read them). Nests; no effect on the MPI group, nor
+// on collectives captured into a CUDA graph (a graph records no timings).
+class TimedCollectives {
+ public:
+  TimedCollectives();
+  ~TimedCollectives();
+  TimedCollectives(const TimedCollectives&) = delete;
+  TimedCollectives& operator=(const TimedCollectives&) = delete;
+};
+
 struct InitOptions {
   double timeout_seconds = 600;  // per collective (creating a communicator gets at least 60 s); $TANDEM_DIST_TIMEOUT overrides it
   bool use_gpu = true;           // bind to a GPU and make the NCCL group when CUDA devices exist
@@ -143,6 +160,9 @@ struct InitOptions {
   // but NCCL then launches each call on a thread of its own: about 100 us of host time per
   // collective (2 H100s, 2026-11-28). $TANDEM_NCCL_NONBLOCKING=1 (or 0) overrides it.
   bool nccl_nonblocking = false;
+  // Every NCCL collective timed, as inside a TimedCollectives scope (some 3 us of GPU time per
+  // timing event, two per collective). $TANDEM_TIME_COLLECTIVES=1 (or 0) overrides it.
+  bool time_collectives = false;
 };
 
 struct World {

@@ -205,7 +205,7 @@ void WorkTracker::fail(const std::string& message, const TrackedWork* culprit) {
 }
 
 void WorkTracker::complete(TrackedWork& w) {
-  if (w.elapsed_ms < 0) w.elapsed_ms = seconds_since(w.started) * 1e3;
+  if (w.elapsed_ms < 0 && w.timed_on_host) w.elapsed_ms = seconds_since(w.started) * 1e3;
   recorder.set_state(w.fingerprint.seq, w.failed ? RecordState::failed : RecordState::completed);
   w.tensors.clear();
   w.done = true;
@@ -216,6 +216,20 @@ void WorkTracker::sweep() {
     if (!w->done) poll(*w);
   }
   pending.erase(std::remove_if(pending.begin(), pending.end(), [](const auto& w) { return w->done; }), pending.end());
+}
+
+void WorkTracker::sweep_at_launch() {
+  constexpr std::chrono::microseconds kInterval(100);
+  const Clock::time_point now = Clock::now();
+  if (now - last_launch_sweep < kInterval) return;
+  last_launch_sweep = now;
+  size_t finished = 0;
+  for (; finished < pending.size(); ++finished) {
+    TrackedWork& w = *pending[finished];
+    if (!w.done) poll(w);
+    if (!w.done) break;
+  }
+  pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(finished));
 }
 
 void WorkTracker::check_timeouts() {

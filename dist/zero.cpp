@@ -172,6 +172,7 @@ void ZeroRedundancyOptimizer::step_impl(const optim::StepScaling* scaling,
     // Gather while the next buckets are updated. Each rank's block of the bucket comes from its owner.
     Tensor& flat = flat_params_[b];
     if (timeline_) timeline_->launching();
+    TimedCollectives timed;  // stats() and the timeline read the gathers' device times
     gathers_[b] = group_->all_gather_v(flat, views::narrow(flat, 0, block_begin_[b], shard_counts_[b][rank]),
                                        shard_counts_[b], "zero: parameters of bucket " + std::to_string(b));
     if (timeline_ && timeline_->recording()) {

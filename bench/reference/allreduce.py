@@ -1,7 +1,8 @@
 """All-reduce bandwidth through torch.distributed (NCCL), for comparison with bench/allreduce.
 
 Same sizes, dtype, timing rule and columns as bench/allreduce: f32 sum, message sizes from 1 MiB
-to 1 GiB in powers of two, the median over rounds of the slowest rank's time, algbw = bytes /
+to 1 GiB in powers of two, each round --calls calls back to back from an idle GPU (time per call:
+the round's over its calls), the median over rounds of the slowest rank's time, algbw = bytes /
 time and busbw = algbw * 2 (n - 1) / n in GB/s. Run under torchrun:
 
     python3 -m torch.distributed.run --standalone --nproc_per_node 4 bench/reference/allreduce.py
@@ -24,6 +25,7 @@ def main():
     parser.add_argument("--max-mb", type=float, default=1024)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=20, help="calls per round, back to back")
     args = parser.parse_args()
 
     rank = int(os.environ["RANK"])
@@ -34,7 +36,8 @@ def main():
     bus_factor = 2 * (world - 1) / world
     if rank == 0:
         print(f"# torch.distributed all_reduce (NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}): {world} ranks,"
-              f" f32 sum; median of {args.reps} rounds after {args.warmup} warm-up")
+              f" f32 sum; ms per call, median of {args.reps} rounds of {args.calls} calls back to back after {args.warmup}"
+              f" warm-up rounds")
         print(f"# {'bytes':>12s}  {'torch ms':>10s} {'algbw':>10s} {'busbw':>10s}  {'host us to issue (rank 0)':>26s}")
     size = int(args.min_mb * 2**20)
     while size <= int(args.max_mb * 2**20):
@@ -46,12 +49,13 @@ def main():
             torch.cuda.synchronize()
             start.record()
             issued = time.perf_counter()
-            dist.all_reduce(x)
-            issued = time.perf_counter() - issued
+            for _ in range(args.calls):
+                dist.all_reduce(x)
+            issued = (time.perf_counter() - issued) / args.calls
             end.record()
             end.synchronize()
             if rep >= args.warmup:
-                times.append(start.elapsed_time(end))
+                times.append(start.elapsed_time(end) / args.calls)
                 host_us.append(issued * 1e6)
         # The slowest rank's time of each round, then the median over rounds.
         local = torch.tensor(times, device="cuda")

@@ -23,16 +23,27 @@ DeviceGuard::DeviceGuard(int device) {
   if (device != previous_) TANDEM_CUDA_CHECK(cudaSetDevice(device));
 }
 
-DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
+// Restores the device only where it changed: cudaGetDevice reads a thread-local, while
+// cudaSetDevice costs a driver call even to the same device, and every collective and event
+// record takes a guard (or several).
+DeviceGuard::~DeviceGuard() {
+  int current = previous_;
+  if (cudaGetDevice(&current) != cudaSuccess || current != previous_) cudaSetDevice(previous_);
+}
 
 bool is_built() { return true; }
 
+// Asked once: the devices a process sees are fixed when CUDA starts, and check_device asks on
+// every stream lookup.
 int device_count() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the "no device" error so later calls start clean
-    return 0;
-  }
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // clear the "no device" error so later calls start clean
+      return 0;
+    }
+    return n;
+  }();
   return count;
 }
 

@@ -49,7 +49,9 @@ TEST_P(ReduceTest, AllReduce) {
   EXPECT_TRUE(work->is_completed() || gpu);  // a GPU wait() only orders the caller's stream
   work->synchronize();
   EXPECT_TRUE(work->is_completed());
-  EXPECT_GE(work->elapsed_ms(), 0.0);
+  // MPI times on the host; NCCL only inside TimedCollectives (the test below), and a group of one
+  // that launches nothing reports 0.
+  if (!gpu) EXPECT_GE(work->elapsed_ms(), 0.0);
 }
 
 TEST_P(ReduceTest, ReduceScatter) {
@@ -284,7 +286,11 @@ TEST(NcclGroupTest, WaitOrdersTheCallersStreamWithoutBlocking) {
   uint64_t seed = shared_seed();
   Shape shape{1 << 20};
   Tensor x = kernels::to_device(rank_input(seed, w.rank, shape, DType::f32), w.device);
-  std::shared_ptr<Work> work = w.gpu_group->all_reduce(x, ReduceOp::sum);
+  std::shared_ptr<Work> work;
+  {
+    TimedCollectives timed;
+    work = w.gpu_group->all_reduce(x, ReduceOp::sum);
+  }
   work->wait();
   // Work queued after wait() on the compute stream sees the reduced values.
   Tensor doubled = kernels::unary(UnaryOp::scale, x, 2.0);
@@ -301,6 +307,37 @@ TEST(NcclGroupTest, WaitOrdersTheCallersStreamWithoutBlocking) {
   } else {
     EXPECT_EQ(work->elapsed_ms(), 0.0);
   }
+}
+
+// NCCL collectives carry timing events only inside TimedCollectives (a timing event costs the
+// stream some 3 us): outside, elapsed_ms() is -1 once completed, never a host-side guess; inside,
+// the device time, on either stream. Scopes nest.
+TEST(NcclGroupTest, CollectivesAreTimedOnlyWhenAsked) {
+  TANDEM_REQUIRE_NCCL();
+  const World& w = world();
+  if (w.size == 1 && !launches_alone(*w.gpu_group)) GTEST_SKIP() << "a group of one that launches nothing times nothing";
+  uint64_t seed = shared_seed();
+  Tensor x = kernels::to_device(rank_input(seed, w.rank, Shape{1 << 16}, DType::f32), w.device);
+  std::shared_ptr<Work> untimed = w.gpu_group->all_reduce(x, ReduceOp::sum, "untimed");
+  std::shared_ptr<Work> timed, nested, on_current_stream;
+  {
+    TimedCollectives outer;
+    timed = w.gpu_group->all_reduce(x, ReduceOp::sum, "timed");
+    {
+      TimedCollectives inner;
+      nested = w.gpu_group->all_reduce(x, ReduceOp::sum, "nested");
+    }
+    CollectivesOnCurrentStream here;
+    on_current_stream = w.gpu_group->all_reduce(x, ReduceOp::sum, "timed on the current stream");
+  }
+  std::shared_ptr<Work> after = w.gpu_group->all_reduce(x, ReduceOp::sum, "untimed again");
+  for (const auto& work : {untimed, timed, nested, on_current_stream, after}) work->synchronize();
+  EXPECT_EQ(untimed->elapsed_ms(), -1.0);
+  EXPECT_EQ(after->elapsed_ms(), -1.0);
+  EXPECT_GE(timed->elapsed_ms(), 0.0);
+  EXPECT_GE(nested->elapsed_ms(), 0.0);
+  EXPECT_GE(on_current_stream->elapsed_ms(), 0.0);
+  EXPECT_TRUE(untimed->is_completed() && after->is_completed());
 }
 
 // Inside a CollectivesOnCurrentStream scope the collectives run on the caller's stream: work queued
@@ -320,6 +357,7 @@ TEST(NcclGroupTest, CollectivesOnTheCurrentStreamOrderWithItsWork) {
   Tensor doubled;
   {
     CollectivesOnCurrentStream on_this_stream;
+    TimedCollectives timed;
     std::shared_ptr<Work> reduced = w.gpu_group->all_reduce(x, ReduceOp::sum, "on the current stream");
     doubled = kernels::unary(UnaryOp::scale, x, 2.0);  // no wait(): the same stream orders it
     w.gpu_group->reduce_scatter(mine, again, ReduceOp::sum);

@@ -53,7 +53,11 @@ TEST(ReplayWatch, EveryReplayIssuesTheCapturedCollectivesAgain) {
   Tensor ones = full({1000}, 1.0, on_gpu), y = zeros({1000}, on_gpu);
 
   // Warm-up: NCCL sets itself up on first use. With launch-alone it is a real launch, timed by events.
-  std::shared_ptr<Work> eager = group.all_reduce(x, ReduceOp::sum, "warm-up");
+  std::shared_ptr<Work> eager;
+  {
+    TimedCollectives timed;
+    eager = group.all_reduce(x, ReduceOp::sum, "warm-up");
+  }
   eager->synchronize();
   EXPECT_GE(eager->elapsed_ms(), 0.0);
   cuda::synchronize(device);
