@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   CLI::App app("All-reduce bandwidth: tandem's process group against the raw library call (run under mpirun)");
   app.add_option("--min-mb", min_mb, "smallest message, MiB (a power of two)")->check(CLI::PositiveNumber);
   app.add_option("--max-mb", max_mb, "largest message, MiB (default 1024 on GPUs, 64 on the CPU)");
-  app.add_option("--warmup", warmup, "untimed rounds per size")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", warmup, "untimed calls of each side per size")->check(CLI::NonNegativeNumber);
   app.add_option("--reps", reps, "timed rounds per size")->check(CLI::PositiveNumber);
   app.add_option("--calls", calls,
                  "calls per round and side, issued back to back (1: each call alone, from an idle GPU); also the "
