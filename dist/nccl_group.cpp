@@ -1,9 +1,10 @@
 // The NCCL process group: collectives on cuda tensors of this rank's GPU. Each collective is
 // ordered after the caller's current stream by an event, runs on a high-priority communication
 // stream, and records a completion event (without timing: a pair of timing events around it only
-// where asked, TimedCollectives, since each costs the stream some 3 us); the host never blocks. A watchdog thread completes
-// Works (releasing their tensors), polls ncclCommGetAsyncError, and aborts the communicator when a
-// collective fails or runs past the timeout, so no kernel spins forever on a peer that is gone.
+// where asked, TimedCollectives, since each costs the stream some 3 us); the host never blocks. A
+// watchdog thread completes Works (releasing their tensors), polls ncclCommGetAsyncError, and
+// aborts the communicator when a collective fails or runs past the timeout, so no kernel spins
+// forever on a peer that is gone.
 // Collectives captured into a CUDA graph are issued again by every replay, and watched the same
 // way (ReplayWatch).
 //

@@ -36,8 +36,8 @@ def main():
     bus_factor = 2 * (world - 1) / world
     if rank == 0:
         print(f"# torch.distributed all_reduce (NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}): {world} ranks,"
-              f" f32 sum; ms per call, median of {args.reps} rounds of {args.calls} calls back to back after {args.warmup}"
-              f" warm-up rounds")
+              f" f32 sum; ms per call, median of {args.reps} rounds of {args.calls} calls back to back after"
+              f" {args.warmup} warm-up rounds")
         print(f"# {'bytes':>12s}  {'torch ms':>10s} {'algbw':>10s} {'busbw':>10s}  {'host us to issue (rank 0)':>26s}")
     size = int(args.min_mb * 2**20)
     while size <= int(args.max_mb * 2**20):

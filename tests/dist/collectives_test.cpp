@@ -315,7 +315,9 @@ TEST(NcclGroupTest, WaitOrdersTheCallersStreamWithoutBlocking) {
 TEST(NcclGroupTest, CollectivesAreTimedOnlyWhenAsked) {
   TANDEM_REQUIRE_NCCL();
   const World& w = world();
-  if (w.size == 1 && !launches_alone(*w.gpu_group)) GTEST_SKIP() << "a group of one that launches nothing times nothing";
+  if (w.size == 1 && !launches_alone(*w.gpu_group)) {
+    GTEST_SKIP() << "a group of one that launches nothing times nothing";
+  }
   uint64_t seed = shared_seed();
   Tensor x = kernels::to_device(rank_input(seed, w.rank, Shape{1 << 16}, DType::f32), w.device);
   std::shared_ptr<Work> untimed = w.gpu_group->all_reduce(x, ReduceOp::sum, "untimed");
