@@ -86,7 +86,10 @@ struct NcclWork : TrackedWork {
   // A replayed collective's end instead: recorded after the graph's launch, shared by all the
   // collectives of that replay (ReplayWatch).
   std::shared_ptr<cuda::Event> replay_end;
-  cuda::StreamHandle stream = nullptr;  // where it ran: the communication stream or the caller's
+  // Where its end is recorded: the stream it ran on (the communication stream or the caller's), or
+  // for a replayed collective the stream the graph was launched on. Ends on one stream pass in
+  // the order they were recorded (completion_order).
+  cuda::StreamHandle stream = nullptr;
 };
 
 // The collectives that one CUDA graph capture recorded on the group, which every replay of the
@@ -148,6 +151,17 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
       w.done = true;  // the event will not pass: forget it
       return;
     }
+    finish(w);
+  }
+
+  const void* completion_order(const TrackedWork& tracked) const override {
+    return static_cast<const NcclWork&>(tracked).stream;
+  }
+
+  void complete_in_order(TrackedWork& tracked) override { finish(static_cast<NcclWork&>(tracked)); }
+
+  // `w` has finished (its end has passed): its time, its events back to the pools, completed.
+  void finish(NcclWork& w) {
     const bool timed = w.start != nullptr;
     if (timed) {
       try {
@@ -376,11 +390,13 @@ void NcclCore::track_replay(ReplayWatch& watch) {
   end->record(device);
   sweep_at_launch();
   const Clock::time_point launched = Clock::now();
+  const cuda::StreamHandle launched_on = cuda::current_stream_handle(device);
   for (const ReplayWatch::Collective& c : watch.collectives) {
     auto w = std::make_shared<NcclWork>();
     w->op = c.op;
     w->bytes = c.bytes;
     w->replay_end = end;
+    w->stream = launched_on;
     stamp(*w, c.fingerprint);
     w->replay = watch.replays;
     w->started = launched;

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "tandem/core/cuda_graph.h"
 #include "tandem/core/error.h"
@@ -211,25 +212,57 @@ void WorkTracker::complete(TrackedWork& w) {
   w.done = true;
 }
 
+std::ptrdiff_t WorkTracker::newest_finished(const std::vector<size_t>& in_order) {
+  auto finished = [&](std::ptrdiff_t i) {
+    TrackedWork& w = *pending[in_order[static_cast<size_t>(i)]];
+    poll(w);
+    return w.done && !w.failed;  // a failed test says nothing of the ones before it
+  };
+  // Finished at `lo` (or none, -1), unfinished from `hi`. Mostly all have finished, or only the
+  // oldest few: the newest is tested first.
+  std::ptrdiff_t lo = -1, hi = static_cast<std::ptrdiff_t>(in_order.size()) - 1;
+  if (finished(hi)) return hi;
+  while (hi - lo > 1) {
+    const std::ptrdiff_t mid = lo + (hi - lo) / 2;
+    if (finished(mid)) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 void WorkTracker::sweep() {
-  for (auto& w : pending) {
-    if (!w->done) poll(*w);
+  std::vector<std::pair<const void*, std::vector<size_t>>> orders;  // each order's pending, in launch order
+  for (size_t i = 0; i < pending.size(); ++i) {
+    TrackedWork& w = *pending[i];
+    if (w.done) continue;
+    const void* order = completion_order(w);
+    if (order == nullptr) {
+      poll(w);
+      continue;
+    }
+    auto it = std::find_if(orders.begin(), orders.end(), [&](const auto& o) { return o.first == order; });
+    if (it == orders.end()) it = orders.insert(orders.end(), {order, {}});
+    it->second.push_back(i);
+  }
+  for (const auto& [order, in_order] : orders) {
+    const std::ptrdiff_t newest = newest_finished(in_order);
+    for (std::ptrdiff_t k = 0; k < newest; ++k) {
+      TrackedWork& w = *pending[in_order[static_cast<size_t>(k)]];
+      if (!w.done) complete_in_order(w);
+    }
   }
   pending.erase(std::remove_if(pending.begin(), pending.end(), [](const auto& w) { return w->done; }), pending.end());
 }
 
 void WorkTracker::sweep_at_launch() {
-  constexpr std::chrono::microseconds kInterval(100);
+  constexpr std::chrono::microseconds kInterval(1000);
   const Clock::time_point now = Clock::now();
   if (now - last_launch_sweep < kInterval) return;
   last_launch_sweep = now;
-  size_t finished = 0;
-  for (; finished < pending.size(); ++finished) {
-    TrackedWork& w = *pending[finished];
-    if (!w.done) poll(w);
-    if (!w.done) break;
-  }
-  pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(finished));
+  sweep();
 }
 
 void WorkTracker::check_timeouts() {
