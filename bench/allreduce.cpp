@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "allreduce.h"
@@ -87,6 +88,7 @@ int main(int argc, char** argv) {
   using namespace tandem;
   int min_mb = 1, max_mb = 0, warmup = 5, reps = 20, calls = 20;
   bool cuda_graph = false, on_current_stream = false;
+  std::string dump_graphs;
   CLI::App app("All-reduce bandwidth: tandem's process group against the raw library call (run under mpirun)");
   app.add_option("--min-mb", min_mb, "smallest message, MiB (a power of two)")->check(CLI::PositiveNumber);
   app.add_option("--max-mb", max_mb, "largest message, MiB (default 1024 on GPUs, 64 on the CPU)");
@@ -96,8 +98,13 @@ int main(int argc, char** argv) {
                  "calls per round and side, issued back to back (1: each call alone, from an idle GPU); also the "
                  "calls a graph holds")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--cuda-graph", cuda_graph,
+  CLI::Option* graph_flag = app.add_flag("--cuda-graph", cuda_graph,
                "also time both sides captured into CUDA graphs (--calls calls per graph) and replayed (GPUs only)");
+  app.add_option("--dump-graphs", dump_graphs,
+                 "with --cuda-graph: write each side's captured graph per size to this existing folder in DOT form "
+                 "(tandem_<bytes>_rank<r>.dot, raw_<bytes>_rank<r>.dot)")
+      ->check(CLI::ExistingDirectory)
+      ->needs(graph_flag);
   app.add_flag("--on-current-stream", on_current_stream,
                "tandem's calls run on the caller's stream (dist::CollectivesOnCurrentStream), not the group's "
                "communication stream (GPUs)");
@@ -121,6 +128,7 @@ int main(int argc, char** argv) {
     dist::finalize();
     return 2;
   }
+  bench->graph_dump_dir = dump_graphs;
   if (max_mb <= 0) max_mb = bench->backend() == "nccl" ? 1024 : 64;
   std::optional<dist::CollectivesOnCurrentStream> on_caller_stream;  // every collective below is this thread's
   if (on_current_stream) on_caller_stream.emplace();

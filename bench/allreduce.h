@@ -36,6 +36,10 @@ class AllReduceBench {
   // back to back, one side after the other. With `graph` (only where captures()), each side's
   // `calls` calls are also captured into one graph and replayed.
   virtual AllReduceTiming time(size_t bytes, int warmup, int reps, int calls, bool graph) = 0;
+
+  // Where time(..., graph = true) writes each side's captured graph in DOT form (empty: nowhere):
+  // tandem_<bytes>_rank<r>.dot and raw_<bytes>_rank<r>.dot.
+  std::string graph_dump_dir;
 };
 
 // The NCCL benchmark on this rank's GPU, or null in a build without NCCL.

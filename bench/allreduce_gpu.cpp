@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "allreduce.h"
@@ -30,15 +31,17 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// `calls` raw calls captured into an executable graph, through a stream of its own.
+// `calls` raw calls captured into an executable graph, through a stream of its own; written in DOT
+// form to `dot_path` unless it is empty.
 class RawGraph {
  public:
-  RawGraph(const std::function<void(cudaStream_t)>& call, int calls) {
+  RawGraph(const std::function<void(cudaStream_t)>& call, int calls, const std::string& dot_path) {
     TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < calls; ++i) call(stream_);
     cudaGraph_t graph = nullptr;
     TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    if (!dot_path.empty()) TANDEM_CUDA_CHECK(cudaGraphDebugDotPrint(graph, dot_path.c_str(), cudaGraphDebugDotFlagsVerbose));
     cudaError_t status = cudaGraphInstantiate(&exec_, graph, 0);
     cudaGraphDestroy(graph);
     TANDEM_CUDA_CHECK(status);
@@ -105,6 +108,9 @@ class NcclBench final : public AllReduceBench {
       run_raw();
     }
     // Round i: events 4i and 4i + 1 around the tandem calls, 4i + 2 and 4i + 3 around the raw ones.
+    // Each side starts from an idle GPU with the ranks lined up, so both pay the host's latency to
+    // their first call alike (the side that went second used to find the other's last calls still
+    // running and its own first calls queued: up to one call's time ahead); the order alternates.
     std::vector<cudaEvent_t> events(4 * reps);
     for (auto& e : events) TANDEM_CUDA_CHECK(cudaEventCreate(&e));
     std::vector<double> tandem_host_us, raw_host_us;
@@ -113,16 +119,24 @@ class NcclBench final : public AllReduceBench {
       for (int c = 0; c < calls; ++c) call();
       return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / calls;
     };
-    for (int i = 0; i < reps; ++i) {
-      TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i], stream));
-      tandem_host_us.push_back(host_us_per_call(run_tandem));
-      TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 1], stream));
-      TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 2], stream));
-      raw_host_us.push_back(host_us_per_call(run_raw));
-      TANDEM_CUDA_CHECK(cudaEventRecord(events[4 * i + 3], stream));
-      // The next round starts from an idle GPU, as the first did.
+    auto time_side = [&](bool tandem_side, int round) {
+      const size_t first = 4 * static_cast<size_t>(round) + (tandem_side ? 0 : 2);
+      TANDEM_CUDA_CHECK(cudaEventRecord(events[first], stream));
+      if (tandem_side) {
+        tandem_host_us.push_back(host_us_per_call(run_tandem));
+      } else {
+        raw_host_us.push_back(host_us_per_call(run_raw));
+      }
+      TANDEM_CUDA_CHECK(cudaEventRecord(events[first + 1], stream));
       TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
       TANDEM_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    };
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));  // the warm-up calls
+    TANDEM_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    for (int i = 0; i < reps; ++i) {
+      const bool tandem_first = i % 2 == 0;
+      time_side(tandem_first, i);
+      time_side(!tandem_first, i);
     }
     AllReduceTiming t;
     t.tandem_ms = median(elapsed_pairs(events, 0, 4, reps, calls));
@@ -149,11 +163,17 @@ class NcclBench final : public AllReduceBench {
       for (int i = 0; i < calls; ++i) run_tandem();
       capture.end();
     }
+    auto dot_path = [&](const char* side) {
+      if (graph_dump_dir.empty()) return std::string();
+      return graph_dump_dir + "/" + side + "_" + std::to_string(buffer.nbytes()) + "_rank" +
+             std::to_string(dist::world().rank) + ".dot";
+    };
+    if (!graph_dump_dir.empty()) tandem_graph.debug_dump(dot_path("tandem"));
     RawGraph raw_graph(
         [&](cudaStream_t s) {
           TANDEM_NCCL_CHECK(ncclAllReduce(buffer.data_ptr(), buffer.data_ptr(), n, ncclFloat32, ncclSum, comm_, s));
         },
-        calls);
+        calls, dot_path("raw"));
     const int rounds = 1 + kGraphReplays;  // the first is a warm-up
     std::vector<cudaEvent_t> events(4 * rounds);
     for (auto& e : events) TANDEM_CUDA_CHECK(cudaEventCreate(&e));

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/error.h"
@@ -116,6 +117,10 @@ class Graph {
   int64_t num_nodes() const;  // kernels, copies and other nodes of the graph
   int64_t replays() const;
   size_t pool_bytes() const;  // device memory held by the graph's pool
+  // Writes the captured graph (as instantiated) to `path` in Graphviz DOT form, every node with its
+  // kind, kernel and parameters, and the edges between them (cudaGraphDebugDotPrint), as PyTorch's
+  // CUDAGraph.debug_dump does. Raises GraphCaptureError when nothing was captured.
+  void debug_dump(const std::string& path) const;
 
   struct State;
 

@@ -270,6 +270,15 @@ int64_t Graph::num_nodes() const {
   return static_cast<int64_t>(n);
 }
 
+void Graph::debug_dump(const std::string& path) const {
+  TANDEM_CHECK_AS(GraphCaptureError, state_->graph != nullptr, "debug_dump: nothing captured in this graph");
+  const cudaError_t status = cudaGraphDebugDotPrint(state_->graph, path.c_str(), cudaGraphDebugDotFlagsVerbose);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    TANDEM_THROW(BackendError, "could not write the CUDA graph to '", path, "': ", cudaGetErrorString(status));
+  }
+}
+
 size_t Graph::pool_bytes() const { return state_->pool == 0 ? 0 : ::tandem::cuda::pool_bytes(state_->device, state_->pool); }
 
 }  // namespace tandem::cuda

@@ -60,6 +60,7 @@ int Graph::device() const { return -1; }
 int64_t Graph::num_nodes() const { return 0; }
 int64_t Graph::replays() const { return 0; }
 size_t Graph::pool_bytes() const { return 0; }
+void Graph::debug_dump(const std::string&) const { no_cuda("CUDA graph debug_dump"); }
 
 Event::Event(bool /*timing*/) { no_cuda("cuda::Event"); }
 Event::~Event() = default;
