@@ -373,6 +373,7 @@ int run_benchmark(const Config& cfg) {
       {"step_ms_median", med},
       {"step_ms_min", min},
       {"cuda_graph", graphed ? nlohmann::ordered_json({{"nodes", graphed->graph().num_nodes()},
+                                                       {"edges", graphed->graph().num_edges()},
                                                        {"pool_bytes", graphed->graph().pool_bytes()}})
                              : nlohmann::ordered_json(nullptr)},
       {"host_issue_ms", host_issue_ms.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(median(host_issue_ms))},

@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/error.h"
@@ -61,6 +62,22 @@ void before_each_replay(std::function<void()> fn);
 // replay whose launch failed runs none. For watching what the replay does (dist's NCCL group
 // tracks its collectives from here).
 void after_each_replay(std::function<void()> fn);
+
+// Graph nodes as opaque handles (a cudaGraphNode_t).
+using GraphNode = void*;
+
+// During a capture: the nodes that work captured next on `stream` will depend on (the stream's
+// capture dependencies); empty when `stream` is not capturing.
+std::vector<GraphNode> capture_dependencies(StreamHandle stream);
+
+// During a capture: makes the capturing `stream` depend on `nodes`, as waiting on an event recorded
+// after them would, and drops from its dependencies the `num_ancestors` nodes at `ancestors`: nodes
+// that the caller knows `nodes` depend on already. An event wait only adds, so a stream that waits
+// on work of another stream again and again, capturing nothing of its own in between, collects
+// every node it ever waited on, and each later node gets an edge to all of them: a graph of n such
+// collectives had n(n - 1)/2 edges, which cost each replay time (see docs/architecture.md).
+void join_capture(StreamHandle stream, const std::vector<GraphNode>& nodes, const GraphNode* ancestors,
+                  size_t num_ancestors);
 
 // For the scope, during a capture: allocations of this thread on `device` come from the ordinary pool
 // and stream, not the graph's. Memory that each replay writes before the graph runs (the lr, the
@@ -115,6 +132,7 @@ class Graph {
   bool captured() const;
   int device() const;
   int64_t num_nodes() const;  // kernels, copies and other nodes of the graph
+  int64_t num_edges() const;  // the dependencies between them
   int64_t replays() const;
   size_t pool_bytes() const;  // device memory held by the graph's pool
   // Writes the captured graph (as instantiated) to `path` in Graphviz DOT form, every node with its

@@ -90,6 +90,10 @@ struct NcclWork : TrackedWork {
   // for a replayed collective the stream the graph was launched on. Ends on one stream pass in
   // the order they were recorded (completion_order).
   cuda::StreamHandle stream = nullptr;
+  // Captured on the communication stream: the graph nodes its end stands for, and how many of its
+  // capture's comm_stream_nodes (ReplayWatch) it depends on: all those up to its end.
+  std::vector<cuda::GraphNode> end_nodes;
+  size_t nodes_before_end = 0;
 };
 
 // The collectives that one CUDA graph capture recorded on the group, which every replay of the
@@ -108,6 +112,12 @@ struct ReplayWatch {
   uint64_t capture_id = 0;  // cuda::capture_id() of the capture that recorded them
   std::vector<Collective> collectives;
   int64_t replays = 0;
+  // The graph nodes of the capture that the communication stream's collectives depend on, in the
+  // order they were captured: each one's fork (the caller's dependencies at its launch) and end
+  // (the communication stream's after it). The stream runs its collectives in order, so each end
+  // depends on every node listed before it; a wait for a collective drops those from the waiting
+  // stream's dependencies (cuda::join_capture), or every wait would add them again.
+  std::vector<cuda::GraphNode> comm_stream_nodes;
 };
 
 // The group's state, shared with its Works. Members and methods need `own_mutex` held.
@@ -237,6 +247,9 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
   // The watch of the capture under way on this thread, made (and hooked into the graph's replays)
   // by its first collective.
   ReplayWatch& watch_for_capture();
+  // Inside the capture of `w` (captured on another stream): the caller's current stream depends on
+  // w's end from here on, without edges to the nodes that end depends on already.
+  void join_captured(const NcclWork& w);
   // Before a replay is launched: refuses it once the group failed or was shut down (its NCCL
   // kernels would run on a communicator that is gone).
   void prepare_replay(const ReplayWatch& watch);
@@ -279,7 +292,7 @@ class NcclWorkHandle final : public TrackedWorkHandle {
     const bool same_stream = w.stream == cuda::current_stream_handle(core.device);
     if (w.captured) {
       // Inside its capture: an edge of the graph. After it: each replay has waited already.
-      if (cuda::is_capturing() && !same_stream) w.end->wait(core.device);
+      if (cuda::is_capturing() && !same_stream) core.join_captured(w);
       return;
     }
     if (w.done) return;
@@ -316,7 +329,9 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
   const cudaStream_t run_on =
       on_caller_stream ? static_cast<cudaStream_t>(cuda::current_stream_handle(device)) : nccl_stream();
   w->stream = run_on;
+  std::vector<cuda::GraphNode> fork;  // captured on the communication stream: what it waits for
   if (!on_caller_stream) {
+    if (w->captured) fork = cuda::capture_dependencies(cuda::current_stream_handle(device));
     ready->record(device);  // on the caller's current stream
     ready->wait_on(stream);
   }
@@ -344,6 +359,13 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
   }
   if (w->captured) watch_for_capture().collectives.push_back({w->op, w->bytes, fingerprint});
   w->end->record_on(run_on);
+  if (w->captured && !on_caller_stream) {
+    std::vector<cuda::GraphNode>& nodes = watch_for_capture().comm_stream_nodes;
+    w->end_nodes = cuda::capture_dependencies(run_on);
+    nodes.insert(nodes.end(), fork.begin(), fork.end());
+    nodes.insert(nodes.end(), w->end_nodes.begin(), w->end_nodes.end());
+    w->nodes_before_end = nodes.size();
+  }
   if (w->captured) {
     cuda::keep_until_capture_ends(w);
     return std::make_shared<NcclWorkHandle>(shared_from_this(), w);
@@ -366,6 +388,17 @@ ReplayWatch& NcclCore::watch_for_capture() {
     cuda::after_each_replay([self, watch] { self->track_replay(*watch); });
   }
   return *capturing;
+}
+
+void NcclCore::join_captured(const NcclWork& w) {
+  const bool in_its_capture = capturing != nullptr && capturing->capture_id == cuda::capture_id();
+  if (w.end_nodes.empty() || !in_its_capture) {
+    w.end->wait(device);
+    return;
+  }
+  cuda::DeviceGuard guard(device);
+  cuda::join_capture(cuda::current_stream_handle(device), w.end_nodes, capturing->comm_stream_nodes.data(),
+                     w.nodes_before_end);
 }
 
 void NcclCore::prepare_replay(const ReplayWatch& watch) {

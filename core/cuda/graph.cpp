@@ -3,6 +3,7 @@
 // own work), with the calling thread's allocations in a pool of the graph (allocator.cpp).
 #include "tandem/core/cuda_graph.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -62,6 +63,42 @@ void check_not_capturing(const char* what) {
   TANDEM_THROW(GraphCaptureError, what, " inside a CUDA graph capture on cuda:", capturing_state->device,
                ": a captured graph replays device work only, so host work and host waits cannot be part of it. "
                "Do it before the capture or after a replay (a replay's outputs are ordinary tensors then)");
+}
+
+std::vector<GraphNode> capture_dependencies(StreamHandle stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* nodes = nullptr;
+  size_t count = 0;
+  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, nullptr, nullptr, &nodes,
+                                             nullptr, &count));
+  if (status != cudaStreamCaptureStatusActive) return {};
+  return std::vector<GraphNode>(nodes, nodes + count);
+}
+
+void join_capture(StreamHandle stream, const std::vector<GraphNode>& nodes, const GraphNode* ancestors,
+                  size_t num_ancestors) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* current = nullptr;  // (count,) the stream's dependencies now
+  const cudaGraphEdgeData* current_edges = nullptr;  // (count,) their edges' data
+  size_t count = 0;
+  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, nullptr, &current, &current_edges, &count));
+  TANDEM_CHECK_AS(GraphCaptureError, status == cudaStreamCaptureStatusActive,
+                  "join_capture: the stream is not capturing a CUDA graph");
+  auto among = [](GraphNode node, const GraphNode* list, size_t n) { return std::find(list, list + n, node) != list + n; };
+  std::vector<cudaGraphNode_t> kept;  // the new dependencies, and the data of their edges
+  std::vector<cudaGraphEdgeData> kept_edges;
+  for (size_t i = 0; i < count; ++i) {
+    if (among(current[i], ancestors, num_ancestors) || among(current[i], nodes.data(), nodes.size())) continue;
+    kept.push_back(current[i]);
+    kept_edges.push_back(current_edges != nullptr ? current_edges[i] : cudaGraphEdgeData{});
+  }
+  for (GraphNode node : nodes) {
+    kept.push_back(static_cast<cudaGraphNode_t>(node));
+    kept_edges.push_back(cudaGraphEdgeData{});
+  }
+  TANDEM_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(s, kept.data(), kept_edges.data(), kept.size(),
+                                                        cudaStreamSetCaptureDependencies));
 }
 
 void keep_until_capture_ends(std::shared_ptr<void> object) {
@@ -267,6 +304,13 @@ int64_t Graph::num_nodes() const {
   if (state_->graph == nullptr) return 0;
   size_t n = 0;
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(state_->graph, nullptr, &n));
+  return static_cast<int64_t>(n);
+}
+
+int64_t Graph::num_edges() const {
+  if (state_->graph == nullptr) return 0;
+  size_t n = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetEdges(state_->graph, nullptr, nullptr, nullptr, &n));
   return static_cast<int64_t>(n);
 }
 

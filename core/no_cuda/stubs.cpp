@@ -40,6 +40,10 @@ void set_poison_allocations(bool) {}
 // Nothing is ever captured without CUDA.
 bool is_capturing() { return false; }
 uint64_t capture_id() { return 0; }
+std::vector<GraphNode> capture_dependencies(StreamHandle) { return {}; }
+void join_capture(StreamHandle, const std::vector<GraphNode>&, const GraphNode*, size_t) {
+  no_cuda("CUDA graph capture");
+}
 void check_not_capturing(const char*) {}
 void keep_until_capture_ends(std::shared_ptr<void>) { no_cuda("keep_until_capture_ends"); }
 void before_each_replay(std::function<void()>) { no_cuda("before_each_replay"); }
@@ -58,6 +62,7 @@ void Graph::reset() {}
 bool Graph::captured() const { return false; }
 int Graph::device() const { return -1; }
 int64_t Graph::num_nodes() const { return 0; }
+int64_t Graph::num_edges() const { return 0; }
 int64_t Graph::replays() const { return 0; }
 size_t Graph::pool_bytes() const { return 0; }
 void Graph::debug_dump(const std::string&) const { no_cuda("CUDA graph debug_dump"); }

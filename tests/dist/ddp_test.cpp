@@ -7,9 +7,11 @@
 #include "dist/dist_test_util.h"
 #include "support/test_util.h"
 #include "tandem/amp/grad_scaler.h"
+#include "tandem/core/determinism.h"
 #include "tandem/dist/ddp.h"
 #include "tandem/optim/adamw.h"
 #include "tandem/optim/optimizer.h"
+#include "tandem/train/graphed_step.h"
 
 namespace tandem {
 namespace {
@@ -233,6 +235,66 @@ TEST(Ddp, OverlappingTheOptimizerWithTheLastBucketChangesNothing) {
   auto a = plain_model->parameters(), b = overlapped_model->parameters();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(testing::all_close(b[i], a[i], 0, 0)) << "parameter " << i;
   EXPECT_GT(overlapped.stats().bytes, 0);
+}
+
+// A DDP step captured as one CUDA graph (its bucket all-reduces on the communication stream, the
+// waits for them edges of the graph) and replayed gives the bits of the same steps run eagerly,
+// with overlap_optimizer and without. GPUs with NCCL only (any world size); skips on the CPU.
+TEST(Ddp, CapturedStepReplaysTheEagerBits) {
+  const dist::World& w = dist::world();
+  if (!w.gpu_group) GTEST_SKIP() << "needs a GPU per rank with NCCL";
+  const bool deterministic_before = are_deterministic_algorithms_enabled();
+  use_deterministic_algorithms(true);  // eager runs are bitwise reproducible only so
+  constexpr int kWarmup = 3, kSteps = 20;
+  for (bool overlap_optimizer : {false, true}) {
+    SCOPED_TRACE(overlap_optimizer ? "overlap_optimizer" : "plain step");
+    std::vector<std::vector<Tensor>> params;  // per run: the parameters after the last step, on the CPU
+    std::vector<std::vector<double>> losses;  // per run: every step's loss
+    for (bool graphed : {false, true}) {
+      TensorOptions o(DType::f32, test_device());
+      manual_seed(41);
+      auto model = make_mlp(o);
+      dist::DdpOptions options{0.002, 0.001};  // tiny buckets: several of them
+      options.overlap_optimizer = overlap_optimizer;
+      DistributedDataParallel ddp(model, options);
+      optim::AdamW opt(model->parameters(), {1e-2});
+      Tensor loss;
+      auto step = [&](const std::vector<Tensor>& in) {
+        opt.zero_grad();
+        loss = cross_entropy(ddp(in[0]), in[1]);
+        loss.backward();
+        ddp.step(opt);
+      };
+      auto batch = [&](int i) {
+        Generator gen(500 + 10 * i + w.rank);  // each rank's own batch
+        return std::vector<Tensor>{to(randn({8, 12}, DType::f32, &gen), test_device()),
+                                   to(randint(0, 5, {8}, DType::i64, &gen), test_device())};
+      };
+      train::GraphedStepOptions graph_options;
+      graph_options.warmup_steps = kWarmup;
+      train::GraphedStep graph(batch(0), step, graph_options);
+      std::vector<Tensor> step_losses;
+      for (int i = 0; i < kWarmup + kSteps; ++i) {
+        if (graphed) graph.run(batch(i));
+        else step(batch(i));
+        step_losses.push_back(kernels::clone(loss));
+      }
+      EXPECT_EQ(graph.captured(), graphed);
+      params.emplace_back();
+      for (const Tensor& p : model->parameters()) params.back().push_back(to(p, Device("cpu")));
+      losses.emplace_back();
+      for (const Tensor& l : step_losses) losses.back().push_back(l.item());
+    }
+    for (size_t i = 0; i < params[0].size(); ++i) {
+      EXPECT_TRUE(testing::all_close(params[1][i], params[0][i], 0, 0)) << "parameter " << i;
+    }
+    for (size_t i = 0; i < losses[0].size(); ++i) {
+      EXPECT_EQ(losses[1][i], losses[0][i]) << "step " << i << ": eagerly " << losses[0][i] << ", replayed "
+                                            << losses[1][i];
+    }
+    EXPECT_NE(losses[0].front(), losses[0].back());  // it trained
+  }
+  use_deterministic_algorithms(deterministic_before);
 }
 
 TEST(Ddp, FirstBucketIsLaunchedBeforeTheLastGradientExists) {
