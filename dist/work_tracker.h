@@ -121,7 +121,8 @@ class WorkTracker {
   void sweep_at_launch();
   // Fails the group when a collective has run past the timeout.
   void check_timeouts();
-  // The host waits for `w` (polling with short sleeps, `lock` released meanwhile); raises on failure.
+  // The host waits for `w` (polling, back to back at first and then with short sleeps, `lock`
+  // released meanwhile); raises on failure.
   void wait_for(TrackedWork& w, std::unique_lock<std::mutex>& lock);
   // Sweeps until nothing is pending or `limit` seconds passed; true when nothing is pending.
   bool drain(double limit, std::unique_lock<std::mutex>& lock);
