@@ -51,6 +51,21 @@ double time_algorithm(const Launch& launch, const cublasLtMatmulAlgo_t& algo, cu
   cudaEventDestroy(stop);
   return status == CUBLAS_STATUS_SUCCESS ? ms / kRuns : -1;
 }
+
+// What an algorithm is, for TANDEM_MATMUL_LOG: its id and the configuration cuBLASLt gave it
+// (cublasLtMatmulTile_t, cublasLtMatmulStages_t, split-K count, cublasLtClusterShape_t; 0 = automatic).
+std::string describe(const cublasLtMatmulAlgo_t& algo) {
+  int id = 0, tile = 0, stages = 0, split_k = 0, cluster = 0;
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof split_k, &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster,
+                                       &written);
+  return detail::concat("algo ", id, ", tile ", tile, ", stages ", stages, ", split-K ", split_k, ", cluster ",
+                        cluster);
+}
 }  // namespace
 
 Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
@@ -95,7 +110,8 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
   }
   h.algo = results[best].algo;
   if (log_choices()) {
-    std::fprintf(stderr, "[tandem matmul] %s: heuristic #%d of %d (%s)\n", what.c_str(), best, found, times.c_str());
+    std::fprintf(stderr, "[tandem matmul] %s: heuristic #%d of %d, %s (%s)\n", what.c_str(), best, found,
+                 describe(results[best].algo).c_str(), times.c_str());
   }
   return h;
 }
