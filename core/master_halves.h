@@ -28,13 +28,17 @@ TANDEM_HOST_DEVICE uint16_t high(uint32_t bits) {
 // The low half: the master's low 16 bits.
 TANDEM_HOST_DEVICE uint16_t low(uint32_t bits) { return static_cast<uint16_t>(bits & 0xffffu); }
 
-// The master's bits from its halves: high << 16 plus the low half as a signed offset. A pair that
-// no master splits into (other code set the parameter to +-0 or +-inf beside an old low half, and
-// the offset would cross into the other sign or into NaN) joins to the parameter itself, so that
-// high(join(h, l)) == h for every h that is not NaN: an update never jumps from its parameter.
+// The master's bits from its halves: high << 16 plus the low half as a signed offset (the
+// rounding carried into the high half). A pair that no master splits into (other code set the
+// parameter to +-0 or +-inf beside an old low half, and the offset would cross into the other sign
+// or into NaN) joins to the parameter itself, so that high(join(h, l)) == h for every h that is
+// not NaN: an update never jumps from its parameter. Only a NaN pattern can be such a pair (any
+// other high << 16 + offset rounds back to high), so the check is left for those: the fused
+// update joins every element of every step.
 TANDEM_HOST_DEVICE uint32_t join(uint16_t high_half, uint16_t low_half) {
-  const uint32_t offset = low_half >= 0x8000u ? 0x10000u : 0u;  // the rounding carried into the high half
-  const uint32_t bits = (static_cast<uint32_t>(high_half) << 16) + low_half - offset;
+  const uint32_t offset = static_cast<uint32_t>(static_cast<int32_t>(static_cast<int16_t>(low_half)));
+  const uint32_t bits = (static_cast<uint32_t>(high_half) << 16) + offset;  // mod 2^32
+  if ((bits & 0x7fffffffu) <= 0x7f800000u) return bits;
   return high(bits) == high_half ? bits : static_cast<uint32_t>(high_half) << 16;
 }
 

@@ -73,6 +73,25 @@ TEST(MasterHalves, AnyLowHalfKeepsTheParameter) {
   }
 }
 
+TEST(MasterHalves, JoinMatchesItsDefinitionWhereTheOffsetCrossesABoundary) {
+  // join checks whether the master rounds back to its parameter only for NaN patterns; the
+  // definition checks every pair. Every low half beside the parameters where an offset can cross
+  // into the other sign, into NaN or past the largest finite value, and beside a few others.
+  auto defined_join = [](uint16_t high, uint16_t low) {
+    const uint32_t offset = low >= 0x8000u ? 0x10000u : 0u;
+    const uint32_t bits = (uint32_t(high) << 16) + low - offset;
+    return master_halves::high(bits) == high ? bits : uint32_t(high) << 16;
+  };
+  const uint16_t highs[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x7f7f, 0xff7f, 0x7f80,
+                            0xff80, 0x7fc0, 0xffc0, 0x7f81, 0x3f80, 0xbf80, 0xffff};
+  for (uint16_t high : highs) {
+    for (uint32_t low = 0; low <= 0xffffu; ++low) {
+      ASSERT_EQ(master_halves::join(high, static_cast<uint16_t>(low)), defined_join(high, static_cast<uint16_t>(low)))
+          << std::hex << high << " " << low;
+    }
+  }
+}
+
 // Fresh f32 masters of `shape`, on `device`: random values over many binades, with an exact tie
 // (low half 0x8000) every 7th element.
 Tensor random_masters(const Shape& shape, Device device) {
