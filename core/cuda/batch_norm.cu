@@ -11,6 +11,7 @@
 // the blocks of a channel share K, so their partials simply add, and the variance
 // sum(d^2) / M - (sum(d) / M)^2 does not cancel catastrophically when the mean is far from zero.
 #include "tandem/core/cuda/batch_norm.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 
 namespace tandem::cuda {
 
@@ -52,6 +53,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     batch_norm_partial_stats(const T* __restrict__ x, stat_t<acc_t<T>>* __restrict__ partial, int64_t images,
                              Planes p) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   const int64_t c = blockIdx.y, split = blockIdx.x;
   const int64_t n0 = split * p.images_per_split;
@@ -83,6 +85,7 @@ __global__ void batch_norm_finalize_stats(const T* __restrict__ x, const stat_t<
                                           int splits, int64_t channels, int64_t plane, int64_t m, double momentum,
                                           double eps, stat_t<acc_t<T>>* running_mean, stat_t<acc_t<T>>* running_var,
                                           stat_t<acc_t<T>>* save_mean, stat_t<acc_t<T>>* save_invstd) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= channels) return;
@@ -103,6 +106,7 @@ __global__ void __launch_bounds__(kThreads)
                      const stat_t<acc_t<T>>* __restrict__ mean, const stat_t<acc_t<T>>* __restrict__ invstd,
                      const stat_t<acc_t<T>>* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ bias,
                      int64_t vectors, Planes p) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   const int64_t per_plane = p.plane / V;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < vectors;
@@ -120,6 +124,7 @@ __global__ void __launch_bounds__(kThreads)
     batch_norm_partial_grads(const T* __restrict__ grad_out, const T* __restrict__ x, const T* __restrict__ y,
                              const stat_t<acc_t<T>>* __restrict__ mean, stat_t<acc_t<T>>* __restrict__ partial,
                              int64_t images, Planes p) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   const int64_t c = blockIdx.y, split = blockIdx.x;
   const int64_t n0 = split * p.images_per_split;
@@ -152,6 +157,7 @@ template <typename S>
 __global__ void batch_norm_finalize_grads(const S* __restrict__ partial, int splits, int64_t channels,
                                           const S* __restrict__ invstd, S* __restrict__ grad_weight,
                                           S* __restrict__ grad_bias) {
+  dependent_kernel_begin();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= channels) return;
   S sum_dy = 0, sum_dy_xmu = 0;
@@ -173,6 +179,7 @@ __global__ void __launch_bounds__(kThreads)
                               const stat_t<acc_t<T>>* __restrict__ weight,
                               const stat_t<acc_t<T>>* __restrict__ grad_weight,
                               const stat_t<acc_t<T>>* __restrict__ grad_bias, int64_t m, int64_t vectors, Planes p) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   const int64_t per_plane = p.plane / V;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < vectors;
@@ -207,9 +214,10 @@ void apply(const Tensor& x, const Tensor& residual, bool relu, const Tensor& out
            const Tensor& invstd, const Tensor& weight, const Tensor& bias, const Planes& p, cudaStream_t stream) {
   using S = stat_t<acc_t<T>>;
   const int64_t vectors = x.numel() / V;
-  batch_norm_apply<T, V><<<apply_blocks(vectors, x.device().index), kThreads, 0, stream>>>(
-      device_ptr<const T>(x), ptr_or_null<T>(residual), relu, device_ptr<T>(out), device_ptr<const S>(mean),
-      device_ptr<const S>(invstd), device_ptr<const S>(weight), device_ptr<const S>(bias), vectors, p);
+  launch_dependent(batch_norm_apply<T, V>, apply_blocks(vectors, x.device().index), kThreads, 0, stream,
+                   device_ptr<const T>(x), ptr_or_null<T>(residual), relu, device_ptr<T>(out),
+                   device_ptr<const S>(mean), device_ptr<const S>(invstd), device_ptr<const S>(weight),
+                   device_ptr<const S>(bias), vectors, p);
 }
 
 template <typename T>
@@ -226,16 +234,16 @@ void forward_training_typed(const Tensor& x, const Tensor& weight, const Tensor&
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(channels));
   const bool vec = vectorisable<T>(p.plane, {x.data_ptr(), out.data_ptr(), ptr_or_null<T>(residual)});
   if (vec) {
-    batch_norm_partial_stats<T, V><<<grid, kThreads, 0, stream>>>(device_ptr<const T>(x), device_ptr<S>(partial),
-                                                                   x.shape()[0], p);
+    launch_dependent(batch_norm_partial_stats<T, V>, grid, kThreads, 0, stream, device_ptr<const T>(x),
+                     device_ptr<S>(partial), x.shape()[0], p);
   } else {
-    batch_norm_partial_stats<T, 1><<<grid, kThreads, 0, stream>>>(device_ptr<const T>(x), device_ptr<S>(partial),
-                                                                   x.shape()[0], p);
+    launch_dependent(batch_norm_partial_stats<T, 1>, grid, kThreads, 0, stream, device_ptr<const T>(x),
+                     device_ptr<S>(partial), x.shape()[0], p);
   }
-  batch_norm_finalize_stats<T><<<static_cast<unsigned>((channels + 127) / 128), 128, 0, stream>>>(
-      device_ptr<const T>(x), device_ptr<const S>(partial), static_cast<int>(splits), channels, p.plane, m, momentum,
-      eps, device_ptr<S>(running_mean), device_ptr<S>(running_var), device_ptr<S>(save_mean),
-      device_ptr<S>(save_invstd));
+  launch_dependent(batch_norm_finalize_stats<T>, static_cast<unsigned>((channels + 127) / 128), 128, 0, stream,
+                   device_ptr<const T>(x), device_ptr<const S>(partial), static_cast<int>(splits), channels, p.plane, m,
+                   momentum, eps, device_ptr<S>(running_mean), device_ptr<S>(running_var), device_ptr<S>(save_mean),
+                   device_ptr<S>(save_invstd));
   if (vec) apply<T, V>(x, residual, relu, out, save_mean, save_invstd, weight, bias, p, stream);
   else apply<T, 1>(x, residual, relu, out, save_mean, save_invstd, weight, bias, p, stream);
 }
@@ -249,8 +257,8 @@ void forward_inference_typed(const Tensor& x, const Tensor& weight, const Tensor
   cudaStream_t stream = stream_of(x);
   const Planes p{x.shape()[1], x.shape()[2] * x.shape()[3], 1};
   Tensor invstd = empty({p.channels}, running_var.options());  // (C,)
-  batch_norm_invstd<S><<<static_cast<unsigned>((p.channels + 127) / 128), 128, 0, stream>>>(
-      device_ptr<const S>(running_var), device_ptr<S>(invstd), p.channels, eps);
+  launch_dependent(batch_norm_invstd<S>, static_cast<unsigned>((p.channels + 127) / 128), 128, 0, stream,
+                   device_ptr<const S>(running_var), device_ptr<S>(invstd), p.channels, eps);
   if (vectorisable<T>(p.plane, {x.data_ptr(), out.data_ptr(), ptr_or_null<T>(residual)})) {
     apply<T, V>(x, residual, relu, out, running_mean, invstd, weight, bias, p, stream);
   } else {
@@ -266,19 +274,18 @@ void backward_launch(const Tensor& grad_out, const Tensor& x, const Tensor& weig
   using S = stat_t<acc_t<T>>;
   const int64_t splits = splits_of(x, p), channels = p.channels, m = x.numel() / channels;
   Tensor partial = empty({channels, splits, 2}, TensorOptions(save_mean.dtype(), x.device()));  // (C, splits, 2)
-  batch_norm_partial_grads<T, V><<<dim3(static_cast<unsigned>(splits), static_cast<unsigned>(channels)), kThreads, 0,
-                                   stream>>>(device_ptr<const T>(grad_out), device_ptr<const T>(x),
-                                             ptr_or_null<T>(relu_out), device_ptr<const S>(save_mean),
-                                             device_ptr<S>(partial), x.shape()[0], p);
-  batch_norm_finalize_grads<S><<<static_cast<unsigned>((channels + 127) / 128), 128, 0, stream>>>(
-      device_ptr<const S>(partial), static_cast<int>(splits), channels, device_ptr<const S>(save_invstd),
-      device_ptr<S>(grad_weight), device_ptr<S>(grad_bias));
+  launch_dependent(batch_norm_partial_grads<T, V>, dim3(static_cast<unsigned>(splits), static_cast<unsigned>(channels)),
+                   kThreads, 0, stream, device_ptr<const T>(grad_out), device_ptr<const T>(x), ptr_or_null<T>(relu_out),
+                   device_ptr<const S>(save_mean), device_ptr<S>(partial), x.shape()[0], p);
+  launch_dependent(batch_norm_finalize_grads<S>, static_cast<unsigned>((channels + 127) / 128), 128, 0, stream,
+                   device_ptr<const S>(partial), static_cast<int>(splits), channels, device_ptr<const S>(save_invstd),
+                   device_ptr<S>(grad_weight), device_ptr<S>(grad_bias));
   const int64_t vectors = x.numel() / V;
-  batch_norm_backward_apply<T, V><<<apply_blocks(vectors, x.device().index), kThreads, 0, stream>>>(
-      device_ptr<const T>(grad_out), device_ptr<const T>(x), ptr_or_null<T>(relu_out), device_ptr<T>(grad_x),
-      grad_residual.defined() ? device_ptr<T>(grad_residual) : nullptr, device_ptr<const S>(save_mean),
-      device_ptr<const S>(save_invstd), device_ptr<const S>(weight), device_ptr<const S>(grad_weight),
-      device_ptr<const S>(grad_bias), m, vectors, p);
+  launch_dependent(batch_norm_backward_apply<T, V>, apply_blocks(vectors, x.device().index), kThreads, 0, stream,
+                   device_ptr<const T>(grad_out), device_ptr<const T>(x), ptr_or_null<T>(relu_out),
+                   device_ptr<T>(grad_x), grad_residual.defined() ? device_ptr<T>(grad_residual) : nullptr,
+                   device_ptr<const S>(save_mean), device_ptr<const S>(save_invstd), device_ptr<const S>(weight),
+                   device_ptr<const S>(grad_weight), device_ptr<const S>(grad_bias), m, vectors, p);
 }
 
 template <typename T>

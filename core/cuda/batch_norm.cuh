@@ -16,6 +16,7 @@
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 
 namespace tandem::cuda::batch_norm_detail {
 
@@ -75,6 +76,7 @@ __device__ __forceinline__ void finish_stats(S sum, S sum_sq, S shift, int64_t m
 // invstd[c] = 1 / sqrt(var[c] + eps), for inference from the running variance.
 template <typename S>
 __global__ void batch_norm_invstd(const S* __restrict__ var, S* __restrict__ invstd, int64_t channels, double eps) {
+  dependent_kernel_begin();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c < channels) invstd[c] = S(1) / sqrt(var[c] + static_cast<S>(eps));
 }

@@ -10,6 +10,7 @@
 // partials, again in a fixed tree; the results are the same bits on every run. The elementwise
 // passes keep each thread's channel constants in registers and stride over pixels.
 #include "tandem/core/cuda/batch_norm.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 
 namespace tandem::cuda {
 
@@ -74,6 +75,7 @@ __global__ void __launch_bounds__(kThreads)
     nhwc_partial_sums(const T* __restrict__ x, const T* __restrict__ grad_out, const T* __restrict__ y,
                       const stat_t<acc_t<T>>* __restrict__ mean, stat_t<acc_t<T>>* __restrict__ partial, int64_t rows,
                       int64_t channels, int64_t rows_per_split) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   const int64_t c0 = first_channel(V);
   const bool active = c0 < channels;  // C % V == 0 when V > 1: a packet is all in or all out
@@ -160,6 +162,7 @@ __global__ void __launch_bounds__(kFinishX* kFinishY)
     nhwc_finalize_stats(const T* __restrict__ x, const stat_t<acc_t<T>>* __restrict__ partial, int64_t splits,
                         int64_t channels, int64_t m, double momentum, double eps, stat_t<acc_t<T>>* running_mean,
                         stat_t<acc_t<T>>* running_var, stat_t<acc_t<T>>* save_mean, stat_t<acc_t<T>>* save_invstd) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinishX + threadIdx.x;
   S sum, sum_sq;
@@ -174,6 +177,7 @@ template <typename S>
 __global__ void __launch_bounds__(kFinishX* kFinishY)
     nhwc_finalize_grads(const S* __restrict__ partial, int64_t splits, int64_t channels, const S* __restrict__ invstd,
                         S* __restrict__ grad_weight, S* __restrict__ grad_bias) {
+  dependent_kernel_begin();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinishX + threadIdx.x;
   S sum_dy, sum_dy_xmu;
   add_partials<S>(partial, splits, channels, c, sum_dy, sum_dy_xmu);
@@ -189,6 +193,7 @@ __global__ void __launch_bounds__(kThreads)
                const stat_t<acc_t<T>>* __restrict__ mean, const stat_t<acc_t<T>>* __restrict__ invstd,
                const stat_t<acc_t<T>>* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ bias, int64_t rows,
                int64_t channels) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   const int64_t c0 = first_channel(V);
   if (c0 >= channels) return;
@@ -214,6 +219,7 @@ __global__ void __launch_bounds__(kThreads)
                         const stat_t<acc_t<T>>* __restrict__ mean, const stat_t<acc_t<T>>* __restrict__ invstd,
                         const stat_t<acc_t<T>>* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ grad_weight,
                         const stat_t<acc_t<T>>* __restrict__ grad_bias, int64_t rows, int64_t channels) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   const int64_t c0 = first_channel(V);
   if (c0 >= channels) return;
@@ -264,12 +270,12 @@ Tensor partial_sums(const Tensor& x, const Tensor& grad_out, const Tensor& relu_
   Tensor partial = empty({s.count, channels, 2}, TensorOptions(stat_dtype, x.device()));  // (splits, C, 2)
   const dim3 grid(static_cast<unsigned>(s.count), static_cast<unsigned>(t.channel_tiles)), block(t.tx, t.ty);
   if (grad_out.defined()) {
-    nhwc_partial_sums<T, V, true><<<grid, block, 0, stream_of(x)>>>(
-        device_ptr<const T>(x), device_ptr<const T>(grad_out), ptr_or_null<T>(relu_out), device_ptr<const S>(mean),
-        device_ptr<S>(partial), rows, channels, s.rows_per_split);
+    launch_dependent(nhwc_partial_sums<T, V, true>, grid, block, 0, stream_of(x), device_ptr<const T>(x),
+                     device_ptr<const T>(grad_out), ptr_or_null<T>(relu_out), device_ptr<const S>(mean),
+                     device_ptr<S>(partial), rows, channels, s.rows_per_split);
   } else {
-    nhwc_partial_sums<T, V, false><<<grid, block, 0, stream_of(x)>>>(
-        device_ptr<const T>(x), nullptr, nullptr, nullptr, device_ptr<S>(partial), rows, channels, s.rows_per_split);
+    launch_dependent(nhwc_partial_sums<T, V, false>, grid, block, 0, stream_of(x), device_ptr<const T>(x), nullptr,
+                     nullptr, nullptr, device_ptr<S>(partial), rows, channels, s.rows_per_split);
   }
   return partial;
 }
@@ -283,13 +289,15 @@ void forward_training_launch(const Tensor& x, const Tensor& weight, const Tensor
   cudaStream_t stream = stream_of(x);
   const int64_t channels = x.shape()[1], rows = x.numel() / channels;
   Tensor partial = partial_sums<T, V>(x, Tensor(), Tensor(), Tensor(), save_mean.dtype());  // (splits, C, 2)
-  nhwc_finalize_stats<T><<<finish_blocks(channels), dim3(kFinishX, kFinishY), 0, stream>>>(
-      device_ptr<const T>(x), device_ptr<const S>(partial), partial.shape()[0], channels, rows, momentum, eps,
-      device_ptr<S>(running_mean), device_ptr<S>(running_var), device_ptr<S>(save_mean), device_ptr<S>(save_invstd));
+  launch_dependent(nhwc_finalize_stats<T>, finish_blocks(channels), dim3(kFinishX, kFinishY), 0, stream,
+                   device_ptr<const T>(x), device_ptr<const S>(partial), partial.shape()[0], channels, rows, momentum,
+                   eps, device_ptr<S>(running_mean), device_ptr<S>(running_var), device_ptr<S>(save_mean),
+                   device_ptr<S>(save_invstd));
   const Tiling t = tiling(channels, V);
-  nhwc_apply<T, V><<<apply_grid(rows, t, device), dim3(t.tx, t.ty), 0, stream>>>(
-      device_ptr<const T>(x), ptr_or_null<T>(residual), relu, device_ptr<T>(out), device_ptr<const S>(save_mean),
-      device_ptr<const S>(save_invstd), device_ptr<const S>(weight), device_ptr<const S>(bias), rows, channels);
+  launch_dependent(nhwc_apply<T, V>, apply_grid(rows, t, device), dim3(t.tx, t.ty), 0, stream, device_ptr<const T>(x),
+                   ptr_or_null<T>(residual), relu, device_ptr<T>(out), device_ptr<const S>(save_mean),
+                   device_ptr<const S>(save_invstd), device_ptr<const S>(weight), device_ptr<const S>(bias), rows,
+                   channels);
 }
 
 template <typename T, int V>
@@ -301,11 +309,12 @@ void forward_inference_launch(const Tensor& x, const Tensor& weight, const Tenso
   const int64_t channels = x.shape()[1], rows = x.numel() / channels;
   const Tiling t = tiling(channels, V);
   Tensor invstd = empty({channels}, running_var.options());  // (C,)
-  batch_norm_invstd<S><<<static_cast<unsigned>((channels + 127) / 128), 128, 0, stream>>>(
-      device_ptr<const S>(running_var), device_ptr<S>(invstd), channels, eps);
-  nhwc_apply<T, V><<<apply_grid(rows, t, x.device().index), dim3(t.tx, t.ty), 0, stream>>>(
-      device_ptr<const T>(x), ptr_or_null<T>(residual), relu, device_ptr<T>(out), device_ptr<const S>(running_mean),
-      device_ptr<const S>(invstd), device_ptr<const S>(weight), device_ptr<const S>(bias), rows, channels);
+  launch_dependent(batch_norm_invstd<S>, static_cast<unsigned>((channels + 127) / 128), 128, 0, stream,
+                   device_ptr<const S>(running_var), device_ptr<S>(invstd), channels, eps);
+  launch_dependent(nhwc_apply<T, V>, apply_grid(rows, t, x.device().index), dim3(t.tx, t.ty), 0, stream,
+                   device_ptr<const T>(x), ptr_or_null<T>(residual), relu, device_ptr<T>(out),
+                   device_ptr<const S>(running_mean), device_ptr<const S>(invstd), device_ptr<const S>(weight),
+                   device_ptr<const S>(bias), rows, channels);
 }
 
 template <typename T, int V>
@@ -317,15 +326,15 @@ void backward_launch(const Tensor& grad_out, const Tensor& x, const Tensor& weig
   cudaStream_t stream = stream_of(x);
   const int64_t channels = x.shape()[1], rows = x.numel() / channels;
   Tensor partial = partial_sums<T, V>(x, grad_out, relu_out, save_mean, save_mean.dtype());  // (splits, C, 2)
-  nhwc_finalize_grads<S><<<finish_blocks(channels), dim3(kFinishX, kFinishY), 0, stream>>>(
-      device_ptr<const S>(partial), partial.shape()[0], channels, device_ptr<const S>(save_invstd),
-      device_ptr<S>(grad_weight), device_ptr<S>(grad_bias));
+  launch_dependent(nhwc_finalize_grads<S>, finish_blocks(channels), dim3(kFinishX, kFinishY), 0, stream,
+                   device_ptr<const S>(partial), partial.shape()[0], channels, device_ptr<const S>(save_invstd),
+                   device_ptr<S>(grad_weight), device_ptr<S>(grad_bias));
   const Tiling t = tiling(channels, V);
-  nhwc_backward_apply<T, V><<<apply_grid(rows, t, device), dim3(t.tx, t.ty), 0, stream>>>(
-      device_ptr<const T>(grad_out), device_ptr<const T>(x), ptr_or_null<T>(relu_out), device_ptr<T>(grad_x),
-      grad_residual.defined() ? device_ptr<T>(grad_residual) : nullptr, device_ptr<const S>(save_mean),
-      device_ptr<const S>(save_invstd), device_ptr<const S>(weight), device_ptr<const S>(grad_weight),
-      device_ptr<const S>(grad_bias), rows, channels);
+  launch_dependent(nhwc_backward_apply<T, V>, apply_grid(rows, t, device), dim3(t.tx, t.ty), 0, stream,
+                   device_ptr<const T>(grad_out), device_ptr<const T>(x), ptr_or_null<T>(relu_out),
+                   device_ptr<T>(grad_x), grad_residual.defined() ? device_ptr<T>(grad_residual) : nullptr,
+                   device_ptr<const S>(save_mean), device_ptr<const S>(save_invstd), device_ptr<const S>(weight),
+                   device_ptr<const S>(grad_weight), device_ptr<const S>(grad_bias), rows, channels);
 }
 
 const void* data_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }

@@ -1,9 +1,10 @@
 // CUDA elementwise kernels: unary, binary, where, copy with casts, fill, in-place add, random.
 // The formulas are the CPU backend's (core/scalar_math.h), computed in f32 for 16-bit floats.
 #include "tandem/core/backend.h"
+#include "tandem/core/cuda/dependent_launch.cuh"
 #include "tandem/core/cuda/loops.cuh"
-#include "tandem/core/philox.h"
 #include "tandem/core/elementwise_ops.h"
+#include "tandem/core/philox.h"
 
 namespace tandem::cuda {
 
@@ -116,6 +117,7 @@ __device__ T next_below(T x) {
 template <typename T>
 __global__ void random_kernel(int64_t n, T* out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2,
                               const uint64_t* base) {
+  dependent_kernel_begin();
   if (base != nullptr) {
     seed = base[0];
     offset += base[1];
@@ -194,6 +196,7 @@ namespace {
 // (x == out) with scale 1 writes nothing.
 template <typename T, int V>
 __global__ void scale_unless_one_kernel(const T* x, const acc_t<T>* scale_at, T* out, int64_t n) {
+  dependent_kernel_begin();
   using A = acc_t<T>;
   const A scale = *scale_at;
   if (scale == A(1) && x == out) return;
@@ -227,8 +230,8 @@ void scale_unless_one(const Tensor& x, const Tensor& g, const Tensor& out) {
     const int v = aligned ? V : 1;
     // A grid-stride loop: 16 blocks per SM is plenty, and few enough to exit at once where g is 1.
     const int blocks = blocks_for(n / v, 256, 16LL * multiprocessors(x.device().index));
-    kernel<<<blocks, 256, 0, stream_of(x)>>>(
-        device_ptr<const T>(x), device_ptr<const acc_t<T>>(g), device_ptr<T>(out), n);
+    launch_dependent(kernel, blocks, 256, 0, stream_of(x), device_ptr<const T>(x), device_ptr<const acc_t<T>>(g),
+                     device_ptr<T>(out), n);
     check_launch("scale_unless_one");
   });
 }
@@ -250,8 +253,8 @@ void launch_random(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t o
     NvtxRange range("random");
     DeviceGuard guard(out.device().index);
     int64_t n = out.numel();
-    random_kernel<T><<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(out)>>>(n, device_ptr<T>(out), kind,
-                                                                                           seed, offset, p1, p2, base);
+    launch_dependent(random_kernel<T>, elementwise_blocks(n), kElementwiseThreads, 0, stream_of(out), n,
+                     device_ptr<T>(out), kind, seed, offset, p1, p2, base);
     check_launch("random");
   });
 }

@@ -23,6 +23,7 @@
 
 #include "tandem/core/cuda/check.h"
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 #include "tandem/core/tensor.h"
 
 namespace tandem::cuda::flash {
@@ -284,6 +285,7 @@ __device__ __forceinline__ void transposed_probabilities(float (&st)[kN8][4], co
 // softmax backward's correction term); one warp per (b, h, query) row, 16-byte loads.
 template <typename T>
 __global__ void attention_delta_kernel(ParamsOf<T> p, int64_t rows) {
+  dependent_kernel_begin();
   constexpr int kPerLoad = 16 / static_cast<int>(sizeof(T));
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
@@ -307,8 +309,8 @@ __global__ void attention_delta_kernel(ParamsOf<T> p, int64_t rows) {
 template <typename T>
 void launch_delta(const ParamsOf<T>& p, int64_t rows, cudaStream_t stream) {
   constexpr int kRowsPerBlock = 8;
-  attention_delta_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock,
-                              0, stream>>>(p, rows);
+  launch_dependent(attention_delta_kernel<T>, static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                   32 * kRowsPerBlock, 0, stream, p, rows);
   check_launch("flash attention backward (delta)");
 }
 
@@ -318,9 +320,9 @@ template <typename T, typename QKernel, typename KvKernel>
 void launch_backward_passes(const ParamsOf<T>& p, int batch_heads, cudaStream_t stream, QKernel q_kernel,
                             size_t q_shared, KvKernel kv_kernel, size_t kv_shared, const char* name) {
   const int q_tiles = (p.tq + kTileRows - 1) / kTileRows, k_tiles = (p.tk + kTileRows - 1) / kTileRows;
-  q_kernel<<<q_tiles * batch_heads, kThreads, q_shared, stream>>>(p, q_tiles);
+  launch_dependent(q_kernel, q_tiles * batch_heads, kThreads, q_shared, stream, p, q_tiles);
   check_launch(name);
-  kv_kernel<<<k_tiles * batch_heads, kThreads, kv_shared, stream>>>(p, k_tiles);
+  launch_dependent(kv_kernel, k_tiles * batch_heads, kThreads, kv_shared, stream, p, k_tiles);
   check_launch(name);
 }
 

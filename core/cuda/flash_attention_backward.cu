@@ -12,6 +12,7 @@
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 #include "tandem/core/cuda/flash_attention.cuh"
 
 namespace tandem::cuda {
@@ -24,6 +25,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // delta[row] = sum_d grad_out[row, d] * out[row, d]; one warp per (b, h, query) row.
 __global__ void attention_delta_kernel(Params p, int64_t rows) {
+  dependent_kernel_begin();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int bh = static_cast<int>(row / p.tq), query = static_cast<int>(row % p.tq);
@@ -42,6 +44,7 @@ __global__ void attention_delta_kernel(Params p, int64_t rows) {
 
 template <int kD, bool kExact>
 __global__ void __launch_bounds__(kThreads) attention_grad_q_kernel(Params p, int q_tiles) {
+  dependent_kernel_begin();
   constexpr int kP = pitch<kD>(), kC = inner_cols<kD>();
   extern __shared__ float4 shared_memory[];
   float* sq = reinterpret_cast<float*>(shared_memory);  // (64, kP) this block's queries
@@ -106,6 +109,7 @@ __global__ void __launch_bounds__(kThreads) attention_grad_q_kernel(Params p, in
 
 template <int kD, bool kExact>
 __global__ void __launch_bounds__(kThreads) attention_grad_kv_kernel(Params p, int k_tiles) {
+  dependent_kernel_begin();
   constexpr int kP = pitch<kD>(), kC = inner_cols<kD>();
   extern __shared__ float4 shared_memory[];
   float* sk = reinterpret_cast<float*>(shared_memory);  // (64, kP) this block's keys
@@ -189,9 +193,10 @@ void launch_backward(const Params& p, int batch_heads, cudaStream_t stream) {
   }();
   (void)configured;
   const int q_tiles = (p.tq + kTileRows - 1) / kTileRows, k_tiles = (p.tk + kTileRows - 1) / kTileRows;
-  attention_grad_q_kernel<kD, kExact><<<q_tiles * batch_heads, kThreads, q_shared, stream>>>(p, q_tiles);
+  launch_dependent(attention_grad_q_kernel<kD, kExact>, q_tiles * batch_heads, kThreads, q_shared, stream, p, q_tiles);
   check_launch("flash_attention_backward (dq)");
-  attention_grad_kv_kernel<kD, kExact><<<k_tiles * batch_heads, kThreads, kv_shared, stream>>>(p, k_tiles);
+  launch_dependent(attention_grad_kv_kernel<kD, kExact>, k_tiles * batch_heads, kThreads, kv_shared, stream, p,
+                   k_tiles);
   check_launch("flash_attention_backward (dk, dv)");
 }
 
@@ -224,8 +229,9 @@ void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
 
   const int64_t rows = s[0] * s[1] * s[2];
   constexpr int kRowsPerBlock = 8;
-  attention_delta_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
-                           stream>>>(p, rows);
+  void (*delta_kernel)(Params, int64_t) = attention_delta_kernel;  // the f32 one, not the 16-bit template
+  launch_dependent(delta_kernel, static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock,
+                   0, stream, p, rows);
   check_launch("flash_attention_backward (delta)");
   const int batch_heads = static_cast<int>(s[0] * s[1]);
   if (matmul_precision() == MatmulPrecision::high) launch_backward_for<false>(p, batch_heads, stream);

@@ -8,6 +8,7 @@
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 #include "tandem/core/cuda/flash_attention.cuh"
 
 namespace tandem::cuda {
@@ -18,6 +19,7 @@ using namespace flash;
 
 template <int kD, bool kExact>
 __global__ void __launch_bounds__(kThreads) attention_forward_kernel(Params p, int q_tiles) {
+  dependent_kernel_begin();
   constexpr int kP = pitch<kD>(), kC = inner_cols<kD>();
   extern __shared__ float4 shared_memory[];
   float* sq = reinterpret_cast<float*>(shared_memory);  // (64, kP) this block's queries
@@ -108,7 +110,7 @@ void launch_forward(const Params& p, int batch_heads, cudaStream_t stream) {
   static const bool configured = (allow_shared(attention_forward_kernel<kD, kExact>, shared), true);
   (void)configured;
   const int q_tiles = (p.tq + kTileRows - 1) / kTileRows;
-  attention_forward_kernel<kD, kExact><<<q_tiles * batch_heads, kThreads, shared, stream>>>(p, q_tiles);
+  launch_dependent(attention_forward_kernel<kD, kExact>, q_tiles * batch_heads, kThreads, shared, stream, p, q_tiles);
 }
 
 template <bool kExact>

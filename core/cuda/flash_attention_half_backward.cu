@@ -14,6 +14,7 @@
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 #include "tandem/core/cuda/flash_attention_half.cuh"
 
 namespace tandem::cuda {
@@ -31,6 +32,7 @@ constexpr int streamed_rows() {
 
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads) attention_half_grad_q_kernel(ParamsOf<T> p, int q_tiles) {
+  dependent_kernel_begin();
   constexpr int kP = pitch<kD>(), kC = streamed_rows<kD>();
   extern __shared__ float4 shared_memory[];
   T* sq = reinterpret_cast<T*>(shared_memory);  // (64, kP) this block's queries
@@ -86,6 +88,7 @@ __global__ void __launch_bounds__(kThreads) attention_half_grad_q_kernel(ParamsO
 
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads) attention_half_grad_kv_kernel(ParamsOf<T> p, int k_tiles) {
+  dependent_kernel_begin();
   constexpr int kP = pitch<kD>(), kC = streamed_rows<kD>();
   extern __shared__ float4 shared_memory[];
   T* sk = reinterpret_cast<T*>(shared_memory);  // (64, kP) this block's keys

@@ -10,6 +10,7 @@
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 #include "tandem/core/cuda/flash_attention_half.cuh"
 
 namespace tandem::cuda {
@@ -34,6 +35,7 @@ constexpr int query_rows() {
 
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads) attention_half_forward_kernel(ParamsOf<T> p, int q_tiles) {
+  dependent_kernel_begin();
   constexpr int kP = pitch<kD>(), kC = kKeyCols, kM = warp_row_tiles<kD>(), kRows = query_rows<kD>();
   extern __shared__ float4 shared_memory[];
   T* sq = reinterpret_cast<T*>(shared_memory);  // (kRows, kP) this block's queries
@@ -110,7 +112,7 @@ void launch_forward(const ParamsOf<T>& p, int batch_heads, cudaStream_t stream) 
   static const bool configured = (flash::allow_shared(attention_half_forward_kernel<T, kD>, shared), true);
   (void)configured;
   const int q_tiles = (p.tq + kRows - 1) / kRows;
-  attention_half_forward_kernel<T, kD><<<q_tiles * batch_heads, kThreads, shared, stream>>>(p, q_tiles);
+  launch_dependent(attention_half_forward_kernel<T, kD>, q_tiles * batch_heads, kThreads, shared, stream, p, q_tiles);
 }
 
 template <typename T>

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/cuda/dependent_launch.cuh"
 #include "tandem/core/cuda/loops.cuh"
 #include "tandem/core/cuda/partial_rows.cuh"
 #include "tandem/core/elementwise_ops.h"
@@ -29,6 +30,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(32 * kWarps)
     gelu_backward_column_sums_kernel(const T* __restrict__ dh, const T* __restrict__ pre, T* __restrict__ d_pre,
                                      sum_t<T>* __restrict__ partial, int64_t rows, int64_t n, int64_t rows_per_chunk) {
+  dependent_kernel_begin();
   using S = sum_t<T>;
   const GeluBackward<T> gelu_backward{0, 0};
   __shared__ S sums[kWarps][32 * V];                                           // (warp, the block's columns)
@@ -87,7 +89,7 @@ void gelu_backward_column_sums_typed(const Tensor& grad, const Tensor& pre, cons
   S* pp = device_ptr<S>(partial);
   const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(chunks));
   auto kernel = vectorised ? gelu_backward_column_sums_kernel<T, kV> : gelu_backward_column_sums_kernel<T, 1>;
-  kernel<<<grid, dim3(32, kWarps), 0, stream>>>(pg, px, po, pp, rows, n, rows_per_chunk);
+  launch_dependent(kernel, grid, dim3(32, kWarps), 0, stream, pg, px, po, pp, rows, n, rows_per_chunk);
   check_launch("gelu_backward_column_sums");
   PartialRowSums<S, T> sums;
   sums.add(pp, device_ptr<T>(column_sum));

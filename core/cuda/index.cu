@@ -17,6 +17,7 @@
 #include <climits>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/cuda/dependent_launch.cuh"
 #include "tandem/core/cuda/loops.cuh"
 #include "tandem/core/determinism.h"
 
@@ -40,6 +41,7 @@ __device__ __forceinline__ bool wrap_index(int64_t& i, int64_t n) {
 template <typename T>
 __global__ void index_select_kernel(const T* x, const int64_t* index, T* out, int64_t outer, int64_t n, int64_t k,
                                     int64_t inner) {
+  dependent_kernel_begin();
   int64_t total = outer * k * inner;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total; p += stride) {
@@ -62,6 +64,7 @@ __device__ void atomic_add(T* address, T value) {
 template <typename T>
 __global__ void index_add_kernel(T* out, const int64_t* index, const T* src, int64_t outer, int64_t n, int64_t k,
                                  int64_t inner) {
+  dependent_kernel_begin();
   int64_t total = outer * k * inner;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total; p += stride) {
@@ -74,6 +77,7 @@ __global__ void index_add_kernel(T* out, const int64_t* index, const T* src, int
 template <typename T>
 __global__ void gather_kernel(const T* x, const int64_t* index, T* out, int64_t outer, int64_t n, int64_t k,
                               int64_t inner) {
+  dependent_kernel_begin();
   int64_t total = outer * k * inner;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total; p += stride) {
@@ -86,6 +90,7 @@ __global__ void gather_kernel(const T* x, const int64_t* index, T* out, int64_t 
 template <typename T>
 __global__ void scatter_add_kernel(T* out, const int64_t* index, const T* src, int64_t outer, int64_t n, int64_t k,
                                    int64_t inner) {
+  dependent_kernel_begin();
   int64_t total = outer * k * inner;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total; p += stride) {
@@ -104,6 +109,7 @@ __device__ __forceinline__ T add_rounded(T a, T b) {
 // Ordered index_add, step 1: row keys for the sort (an out-of-range index becomes n, sorted last
 // and skipped) and the positions 0..k-1 that travel with them.
 __global__ void index_keys_kernel(const int64_t* index, int64_t* keys, int64_t* positions, int64_t n, int64_t k) {
+  dependent_kernel_begin();
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < k; j += stride) {
     int64_t r = index[j];
@@ -117,6 +123,7 @@ __global__ void index_keys_kernel(const int64_t* index, int64_t* keys, int64_t* 
 template <typename T>
 __global__ void index_add_runs_kernel(T* out, const int64_t* sorted_keys, const int64_t* sorted_positions,
                                       const T* src, int64_t outer, int64_t n, int64_t k, int64_t inner) {
+  dependent_kernel_begin();
   int64_t total = outer * k * inner;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total; p += stride) {
@@ -136,6 +143,7 @@ __global__ void index_add_runs_kernel(T* out, const int64_t* sorted_keys, const 
 template <typename T>
 __global__ void scatter_add_columns_kernel(T* out, const int64_t* index, const T* src, int64_t outer, int64_t n,
                                            int64_t k, int64_t inner) {
+  dependent_kernel_begin();
   int64_t total = outer * inner;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < total; c += stride) {
@@ -193,8 +201,8 @@ void index_select(const Tensor& x, const Tensor& index, const Tensor& out) {
   dispatch_all(x.dtype(), "index_select", "cuda", [&](auto tag) {
     using T = device_t<decltype(tag)>;
     launch("index_select", x, outer * k * inner, [&](int blocks, cudaStream_t s) {
-      index_select_kernel<T><<<blocks, kElementwiseThreads, 0, s>>>(device_ptr<const T>(x), device_ptr<const int64_t>(index),
-                                                                   device_ptr<T>(out), outer, n, k, inner);
+      launch_dependent(index_select_kernel<T>, blocks, kElementwiseThreads, 0, s, device_ptr<const T>(x),
+                       device_ptr<const int64_t>(index), device_ptr<T>(out), outer, n, k, inner);
     });
   });
 }
@@ -213,8 +221,8 @@ void index_add_ordered(const Tensor& out, const Tensor& index, const Tensor& src
   const TensorOptions i64(DType::i64, out.device());
   Tensor keys = empty({k}, i64), positions = empty({k}, i64);                // (k,) i64 each
   Tensor sorted_keys = empty({k}, i64), sorted_positions = empty({k}, i64);  // (k,) i64 each
-  index_keys_kernel<<<elementwise_blocks(k), kElementwiseThreads, 0, s>>>(
-      device_ptr<const int64_t>(index), device_ptr<int64_t>(keys), device_ptr<int64_t>(positions), n, k);
+  launch_dependent(index_keys_kernel, elementwise_blocks(k), kElementwiseThreads, 0, s,
+                   device_ptr<const int64_t>(index), device_ptr<int64_t>(keys), device_ptr<int64_t>(positions), n, k);
   check_launch("index_add_ordered keys");
   const int bits = key_bits(n);
   size_t temp_bytes = 0;
@@ -229,9 +237,9 @@ void index_add_ordered(const Tensor& out, const Tensor& index, const Tensor& src
                                                     bits, s));
   dispatch_atomic(out.dtype(), "index_add", [&](auto tag) {
     using T = decltype(tag);
-    index_add_runs_kernel<T><<<elementwise_blocks(outer * k * inner), kElementwiseThreads, 0, s>>>(
-        device_ptr<T>(out), device_ptr<const int64_t>(sorted_keys), device_ptr<const int64_t>(sorted_positions),
-        device_ptr<const T>(src), outer, n, k, inner);
+    launch_dependent(index_add_runs_kernel<T>, elementwise_blocks(outer * k * inner), kElementwiseThreads, 0, s,
+                     device_ptr<T>(out), device_ptr<const int64_t>(sorted_keys),
+                     device_ptr<const int64_t>(sorted_positions), device_ptr<const T>(src), outer, n, k, inner);
   });
   check_launch("index_add_ordered");
 }
@@ -241,8 +249,8 @@ void scatter_add_ordered(const Tensor& out, const Tensor& index, const Tensor& s
   dispatch_atomic(out.dtype(), "scatter_add", [&](auto tag) {
     using T = decltype(tag);
     launch("scatter_add_ordered", out, outer * inner, [&](int blocks, cudaStream_t s) {
-      scatter_add_columns_kernel<T><<<blocks, kElementwiseThreads, 0, s>>>(
-          device_ptr<T>(out), device_ptr<const int64_t>(index), device_ptr<const T>(src), outer, n, k, inner);
+      launch_dependent(scatter_add_columns_kernel<T>, blocks, kElementwiseThreads, 0, s, device_ptr<T>(out),
+                       device_ptr<const int64_t>(index), device_ptr<const T>(src), outer, n, k, inner);
     });
   });
 }
@@ -255,8 +263,8 @@ void index_add(const Tensor& out, const Tensor& index, const Tensor& src, bool i
   dispatch_atomic(out.dtype(), "index_add", [&](auto tag) {
     using T = decltype(tag);
     launch("index_add", out, outer * k * inner, [&](int blocks, cudaStream_t s) {
-      index_add_kernel<T><<<blocks, kElementwiseThreads, 0, s>>>(device_ptr<T>(out), device_ptr<const int64_t>(index),
-                                                                device_ptr<const T>(src), outer, n, k, inner);
+      launch_dependent(index_add_kernel<T>, blocks, kElementwiseThreads, 0, s, device_ptr<T>(out),
+                       device_ptr<const int64_t>(index), device_ptr<const T>(src), outer, n, k, inner);
     });
   });
 }
@@ -266,8 +274,8 @@ void gather(const Tensor& x, const Tensor& index, const Tensor& out) {
   dispatch_all(x.dtype(), "gather", "cuda", [&](auto tag) {
     using T = device_t<decltype(tag)>;
     launch("gather", x, outer * k * inner, [&](int blocks, cudaStream_t s) {
-      gather_kernel<T><<<blocks, kElementwiseThreads, 0, s>>>(device_ptr<const T>(x), device_ptr<const int64_t>(index),
-                                                             device_ptr<T>(out), outer, n, k, inner);
+      launch_dependent(gather_kernel<T>, blocks, kElementwiseThreads, 0, s, device_ptr<const T>(x),
+                       device_ptr<const int64_t>(index), device_ptr<T>(out), outer, n, k, inner);
     });
   });
 }
@@ -278,8 +286,8 @@ void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src) {
   dispatch_atomic(out.dtype(), "scatter_add", [&](auto tag) {
     using T = decltype(tag);
     launch("scatter_add", out, outer * k * inner, [&](int blocks, cudaStream_t s) {
-      scatter_add_kernel<T><<<blocks, kElementwiseThreads, 0, s>>>(device_ptr<T>(out), device_ptr<const int64_t>(index),
-                                                                  device_ptr<const T>(src), outer, n, k, inner);
+      launch_dependent(scatter_add_kernel<T>, blocks, kElementwiseThreads, 0, s, device_ptr<T>(out),
+                       device_ptr<const int64_t>(index), device_ptr<const T>(src), outer, n, k, inner);
     });
   });
 }

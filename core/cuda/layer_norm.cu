@@ -13,6 +13,7 @@
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 #include "tandem/core/cuda/partial_rows.cuh"
 
 namespace tandem::cuda {
@@ -56,6 +57,7 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
                             const T* __restrict__ bias, T* __restrict__ sum, T* __restrict__ out,
                             stat_t<acc_t<T>>* __restrict__ mean, stat_t<acc_t<T>>* __restrict__ rstd, int64_t rows,
                             int64_t d, double eps) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   const int lane = threadIdx.x;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kForwardWarps + threadIdx.y;
@@ -197,6 +199,7 @@ __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T
                                          stat_t<acc_t<T>>* __restrict__ partial_dw,
                                          stat_t<acc_t<T>>* __restrict__ partial_db,
                                          stat_t<acc_t<T>>* __restrict__ partial_ds, int64_t rows, int64_t d) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   extern __shared__ unsigned char shared_raw[];
   S* shared = reinterpret_cast<S*>(shared_raw);  // (warps, sums, D)
@@ -382,6 +385,7 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32, kShortRowBlocksPerSm)
                                    T* __restrict__ grad_x, stat_t<acc_t<T>>* __restrict__ partial_dw,
                                    stat_t<acc_t<T>>* __restrict__ partial_db,
                                    stat_t<acc_t<T>>* __restrict__ partial_ds, int64_t rows, int64_t d) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   constexpr int64_t kSlice = 32 * V * kItems;
   extern __shared__ unsigned char shared_raw[];
@@ -415,6 +419,7 @@ __global__ void __launch_bounds__(kMaxBackwardWarps * 32)
                                  T* __restrict__ grad_x, T* __restrict__ grad_weight, T* __restrict__ grad_bias,
                                  stat_t<acc_t<T>>* __restrict__ partial_ds, int64_t rows, int64_t d,
                                  unsigned row_blocks) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   if (blockIdx.x < row_blocks) {
     constexpr int64_t kSlice = 32 * V * kItems;
@@ -463,6 +468,7 @@ __global__ void layer_norm_column_partials(const T* __restrict__ grad_out, const
                                            stat_t<acc_t<T>>* __restrict__ partial_db,
                                            stat_t<acc_t<T>>* __restrict__ partial_ds, int64_t rows, int64_t d,
                                            int64_t rows_per_chunk) {
+  dependent_kernel_begin();
   using S = stat_t<acc_t<T>>;
   __shared__ S shared[3][kColumnRows][32];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -501,14 +507,14 @@ void launch_forward(const T* x, const T* r, const T* rb, const T* w, const T* b,
   const unsigned grid = static_cast<unsigned>((rows + kForwardWarps - 1) / kForwardWarps);
   const int64_t per_item = 32 * V;
   if (d <= 4 * per_item) {
-    layer_norm_forward_rows<T, V, 4><<<grid, block, 0, stream>>>(x, r, rb, w, b, sum, out, mean, rstd, rows, d,
-                                                                        eps);
+    launch_dependent(layer_norm_forward_rows<T, V, 4>, grid, block, 0, stream, x, r, rb, w, b, sum, out, mean, rstd,
+                     rows, d, eps);
   } else if (d <= 8 * per_item) {
-    layer_norm_forward_rows<T, V, 8><<<grid, block, 0, stream>>>(x, r, rb, w, b, sum, out, mean, rstd, rows, d,
-                                                                        eps);
+    launch_dependent(layer_norm_forward_rows<T, V, 8>, grid, block, 0, stream, x, r, rb, w, b, sum, out, mean, rstd,
+                     rows, d, eps);
   } else {
-    layer_norm_forward_rows<T, V, 0><<<grid, block, 0, stream>>>(x, r, rb, w, b, sum, out, mean, rstd, rows, d,
-                                                                        eps);
+    launch_dependent(layer_norm_forward_rows<T, V, 0>, grid, block, 0, stream, x, r, rb, w, b, sum, out, mean, rstd,
+                     rows, d, eps);
   }
 }
 
@@ -603,10 +609,10 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
     Tensor partial_ds = x_sum ? empty({static_cast<int64_t>(row_blocks), d}, TensorOptions(mean.dtype(), x.device()))
                               : Tensor();
     const size_t shared = x_sum ? kMaxBackwardWarps * static_cast<size_t>(32 * V * items) * sizeof(S) : 0;
-    kernel<<<row_blocks + column_blocks, few_block, shared, stream>>>(
-        pg, px, pw, pm, pr, pp, pdx, grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr,
-        grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr, x_sum ? device_ptr<S>(partial_ds) : nullptr, rows,
-        d, row_blocks);
+    launch_dependent(kernel, row_blocks + column_blocks, few_block, shared, stream, pg, px, pw, pm, pr, pp, pdx,
+                     grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr,
+                     grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr,
+                     x_sum ? device_ptr<S>(partial_ds) : nullptr, rows, d, row_blocks);
     check_launch("layer_norm_backward (few rows)");
     if (x_sum) {
       Partials only_dx;  // the weight's and bias's sums are written above
@@ -632,8 +638,8 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
     const unsigned grid = static_cast<unsigned>(
         std::min<int64_t>(wanted, static_cast<int64_t>(kShortRowBlocksPerSm) * multiprocessors(device)));
     const Partials partials = make_partials(grid);  // (grid, D) each
-    kernel<<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, partials.ptr(partials.dw),
-                                            partials.ptr(partials.db), partials.ptr(partials.ds), rows, d);
+    launch_dependent(kernel, grid, block, shared, stream, pg, px, pw, pm, pr, pp, pdx, partials.ptr(partials.dw),
+                     partials.ptr(partials.db), partials.ptr(partials.ds), rows, d);
     check_launch("layer_norm_backward");
     if (columns) reduce_partials(partials, grid);
     return;
@@ -659,19 +665,19 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   S* shared_db = in_shared ? pdb : nullptr;
   S* shared_ds = in_shared ? pds : nullptr;
   if (vectorised) {
-    layer_norm_backward_rows<T, V>
-        <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, shared_dw, shared_db, shared_ds, rows, d);
+    launch_dependent(layer_norm_backward_rows<T, V>, grid, block, shared, stream, pg, px, pw, pm, pr, pp, pdx,
+                     shared_dw, shared_db, shared_ds, rows, d);
   } else {
-    layer_norm_backward_rows<T, 1>
-        <<<grid, block, shared, stream>>>(pg, px, pw, pm, pr, pp, pdx, shared_dw, shared_db, shared_ds, rows, d);
+    launch_dependent(layer_norm_backward_rows<T, 1>, grid, block, shared, stream, pg, px, pw, pm, pr, pp, pdx,
+                     shared_dw, shared_db, shared_ds, rows, d);
   }
   check_launch("layer_norm_backward");
   if (!columns) return;
   if (!in_shared) {
     const int64_t per_chunk = (rows + parts - 1) / parts;
     const dim3 column_grid(static_cast<unsigned>((d + 31) / 32), static_cast<unsigned>(parts));
-    layer_norm_column_partials<T><<<column_grid, dim3(32, kColumnRows), 0, stream>>>(pg, px, pdx, pm, pr, pdw, pdb,
-                                                                                    pds, rows, d, per_chunk);
+    launch_dependent(layer_norm_column_partials<T>, column_grid, dim3(32, kColumnRows), 0, stream, pg, px, pdx, pm, pr,
+                     pdw, pdb, pds, rows, d, per_chunk);
     check_launch("layer_norm_backward (column sums)");
   }
   reduce_partials(partials, parts);

@@ -4,6 +4,7 @@
 // dims (a bias or a position table broadcast over rows); anything else (transposed, sliced,
 // broadcast elsewhere) goes through the strided indexer.
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 
 namespace tandem::cuda {
 
@@ -50,6 +51,7 @@ inline int64_t repeat_period(const Tensor& t, const Tensor& out) {
 
 template <int V, typename TA, typename TO, typename F>
 __global__ void map1_contiguous(int64_t n, const TA* __restrict__ a, TO* __restrict__ out, F f) {
+  dependent_kernel_begin();
   int64_t n_vec = n / V;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
@@ -67,6 +69,7 @@ __global__ void map1_contiguous(int64_t n, const TA* __restrict__ a, TO* __restr
 template <int V, typename TA, typename TB, typename TO, typename F>
 __global__ void map2_contiguous(int64_t n, const TA* __restrict__ a, const TB* __restrict__ b, TO* __restrict__ out,
                                 F f) {
+  dependent_kernel_begin();
   int64_t n_vec = n / V;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
@@ -87,6 +90,7 @@ __global__ void map2_contiguous(int64_t n, const TA* __restrict__ a, const TB* _
 template <int V, typename TA, typename TB, typename TO, typename F>
 __global__ void map2_repeating(int64_t n, const TA* __restrict__ a, int64_t period_a, const TB* __restrict__ b,
                                int64_t period_b, TO* __restrict__ out, F f) {
+  dependent_kernel_begin();
   int64_t n_vec = n / V, vectors_a = period_a / V, vectors_b = period_b / V;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
@@ -114,6 +118,7 @@ bool repeats_in_vectors(int64_t period_a, const TA* a, int64_t period_b, const T
 
 template <typename TA, typename TO, typename F>
 __global__ void map1_strided(int64_t n, const TA* a, TO* out, Indexer<2> idx, F f) {
+  dependent_kernel_begin();
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t off[2];
@@ -124,6 +129,7 @@ __global__ void map1_strided(int64_t n, const TA* a, TO* out, Indexer<2> idx, F 
 
 template <typename TA, typename TB, typename TO, typename F>
 __global__ void map2_strided(int64_t n, const TA* a, const TB* b, TO* out, Indexer<3> idx, F f) {
+  dependent_kernel_begin();
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t off[3];
@@ -134,6 +140,7 @@ __global__ void map2_strided(int64_t n, const TA* a, const TB* b, TO* out, Index
 
 template <typename TA, typename TB, typename TC, typename TO, typename F>
 __global__ void map3_strided(int64_t n, const TA* a, const TB* b, const TC* c, TO* out, Indexer<4> idx, F f) {
+  dependent_kernel_begin();
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t off[4];
@@ -157,11 +164,15 @@ void map1(const char* name, const Tensor& a, const Tensor& out, F f) {
   if (same_dense_layout(out, {&a})) {
     constexpr int V = vector_width<TA, TO>();
     bool vec = aligned16(pa) && aligned16(po);
-    if (vec) map1_contiguous<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, po, f);
-    else map1_contiguous<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, po, f);
+    if (vec)
+      launch_dependent(map1_contiguous<V, TA, TO, F>, elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream, n,
+                       pa, po, f);
+    else
+      launch_dependent(map1_contiguous<1, TA, TO, F>, elementwise_blocks(n), kElementwiseThreads, 0, stream, n, pa, po,
+                       f);
   } else {
     Indexer<2> idx = make_indexer<2>(out.shape(), {&a, &out});
-    map1_strided<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, po, idx, f);
+    launch_dependent(map1_strided<TA, TO, F>, elementwise_blocks(n), kElementwiseThreads, 0, stream, n, pa, po, idx, f);
   }
   check_launch(name);
 }
@@ -179,16 +190,21 @@ void map2(const char* name, const Tensor& a, const Tensor& b, const Tensor& out,
   if (same_dense_layout(out, {&a, &b})) {
     constexpr int V = vector_width<TA, TB, TO>();
     bool vec = aligned16(pa) && aligned16(pb) && aligned16(po);
-    if (vec) map2_contiguous<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, f);
-    else map2_contiguous<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, f);
+    if (vec)
+      launch_dependent(map2_contiguous<V, TA, TB, TO, F>, elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream,
+                       n, pa, pb, po, f);
+    else
+      launch_dependent(map2_contiguous<1, TA, TB, TO, F>, elementwise_blocks(n), kElementwiseThreads, 0, stream, n, pa,
+                       pb, po, f);
   } else if (const int64_t period_a = repeat_period(a, out), period_b = repeat_period(b, out);
              repeats_in_vectors(period_a, pa, period_b, pb, po)) {
     constexpr int V = vector_width<TA, TB, TO>();
-    map2_repeating<V><<<elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream>>>(n, pa, period_a, pb,
-                                                                                       period_b, po, f);
+    launch_dependent(map2_repeating<V, TA, TB, TO, F>, elementwise_blocks(n / V + 1), kElementwiseThreads, 0, stream, n,
+                     pa, period_a, pb, period_b, po, f);
   } else {
     Indexer<3> idx = make_indexer<3>(out.shape(), {&a, &b, &out});
-    map2_strided<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(n, pa, pb, po, idx, f);
+    launch_dependent(map2_strided<TA, TB, TO, F>, elementwise_blocks(n), kElementwiseThreads, 0, stream, n, pa, pb, po,
+                     idx, f);
   }
   check_launch(name);
 }
@@ -200,8 +216,9 @@ void map3(const char* name, const Tensor& a, const Tensor& b, const Tensor& c, c
   NvtxRange range(name);
   DeviceGuard guard(out.device().index);
   Indexer<4> idx = make_indexer<4>(out.shape(), {&a, &b, &c, &out});
-  map3_strided<<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(out)>>>(
-      n, device_ptr<const TA>(a), device_ptr<const TB>(b), device_ptr<const TC>(c), device_ptr<TO>(out), idx, f);
+  launch_dependent(map3_strided<TA, TB, TC, TO, F>, elementwise_blocks(n), kElementwiseThreads, 0, stream_of(out), n,
+                   device_ptr<const TA>(a), device_ptr<const TB>(b), device_ptr<const TC>(c), device_ptr<TO>(out), idx,
+                   f);
   check_launch(name);
 }
 

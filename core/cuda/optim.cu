@@ -38,6 +38,7 @@
 #include <type_traits>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/cuda/dependent_launch.cuh"
 #include "tandem/core/cuda/loops.cuh"
 #include "tandem/core/master_halves.h"
 
@@ -146,6 +147,7 @@ __global__ void __launch_bounds__(kOptimThreads)
     multi_tensor_update(const TensorSlot* __restrict__ tensors,    // (num_tensors,)
                         const int64_t* __restrict__ chunk_starts,  // (num_tensors,)
                         int64_t num_tensors, Op base_op, ScalingArgs scaling) {
+  dependent_kernel_begin();
   using C = acc_t<T>;
   constexpr int K = Op::kStates;
   constexpr int KS = K > 0 ? K : 1;
@@ -250,6 +252,7 @@ __global__ void __launch_bounds__(kOptimThreads)
 // After an update: every tensor's step count + 1, unless the step was skipped.
 __global__ void increment_step_counts(const TensorSlot* __restrict__ tensors, int64_t num_tensors,
                                       const float* found_inf) {
+  dependent_kernel_begin();
   if (found_inf != nullptr && *found_inf != 0.0f) return;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t < num_tensors) *static_cast<float*>(tensors[t].ptr[kStep]) += 1.0f;
@@ -262,6 +265,7 @@ __global__ void __launch_bounds__(kOptimThreads)
     multi_tensor_check_and_unscale(const TensorSlot* __restrict__ tensors,    // (num_tensors,)
                                    const int64_t* __restrict__ chunk_starts,  // (num_tensors,)
                                    int64_t num_tensors, float* found_inf, const float* inv_scale) {
+  dependent_kernel_begin();
   using C = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
   const ChunkPlace place = place_of_chunk(tensors, chunk_starts, num_tensors, blockIdx.x);
@@ -392,20 +396,20 @@ void launch_update(const char* name, const UpdateTensors& t, const Op& op) {
     if (tables.num_chunks == 0) continue;
     const unsigned blocks = static_cast<unsigned>(tables.num_chunks);
     if (kind == static_cast<int>(Weights::parameter)) {
-      multi_tensor_update<T, Op, Weights::parameter><<<blocks, kOptimThreads, 0, stream>>>(
-          tables.tensors, tables.chunk_starts, tables.num_tensors, op, scaling);
+      launch_dependent(multi_tensor_update<T, Op, Weights::parameter>, blocks, kOptimThreads, 0, stream, tables.tensors,
+                       tables.chunk_starts, tables.num_tensors, op, scaling);
     } else if (kind == static_cast<int>(Weights::f32_master)) {
-      multi_tensor_update<T, Op, Weights::f32_master><<<blocks, kOptimThreads, 0, stream>>>(
-          tables.tensors, tables.chunk_starts, tables.num_tensors, op, scaling);
+      launch_dependent(multi_tensor_update<T, Op, Weights::f32_master>, blocks, kOptimThreads, 0, stream,
+                       tables.tensors, tables.chunk_starts, tables.num_tensors, op, scaling);
     } else if constexpr (kCanHoldHalves<T>) {
-      multi_tensor_update<T, Op, Weights::low_halves><<<blocks, kOptimThreads, 0, stream>>>(
-          tables.tensors, tables.chunk_starts, tables.num_tensors, op, scaling);
+      launch_dependent(multi_tensor_update<T, Op, Weights::low_halves>, blocks, kOptimThreads, 0, stream,
+                       tables.tensors, tables.chunk_starts, tables.num_tensors, op, scaling);
     }
     check_launch(name);
     if (!t.steps.empty()) {
       const auto step_blocks = static_cast<unsigned>((tables.num_tensors + kOptimThreads - 1) / kOptimThreads);
-      increment_step_counts<<<step_blocks, kOptimThreads, 0, stream>>>(tables.tensors, tables.num_tensors,
-                                                                       scaling.found_inf);
+      launch_dependent(increment_step_counts, step_blocks, kOptimThreads, 0, stream, tables.tensors, tables.num_tensors,
+                       scaling.found_inf);
       check_launch(name);
     }
   }
@@ -509,6 +513,7 @@ __global__ void join_master_halves_kernel(const uint16_t* __restrict__ high,  //
                                           const uint16_t* __restrict__ low,   // (n,)
                                           float* __restrict__ master,         // (n,)
                                           int64_t n) {
+  dependent_kernel_begin();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     master[i] = __uint_as_float(master_halves::join(high[i], low[i]));
@@ -519,6 +524,7 @@ __global__ void split_master_kernel(const float* __restrict__ master,  // (n,)
                                     uint16_t* __restrict__ high,       // (n,) the bf16 parameter
                                     uint16_t* __restrict__ low,        // (n,)
                                     int64_t n) {
+  dependent_kernel_begin();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint32_t bits = __float_as_uint(master[i]);
@@ -531,16 +537,17 @@ __global__ void split_master_kernel(const float* __restrict__ master,  // (n,)
 void join_master_halves(const Tensor& param, const Tensor& low_halves, const Tensor& master) {
   DeviceGuard guard(param.device().index);
   const int64_t n = param.numel();
-  join_master_halves_kernel<<<blocks_for(n, kOptimThreads), kOptimThreads, 0, stream_of(param)>>>(
-      device_ptr<const uint16_t>(param), device_ptr<const uint16_t>(low_halves), device_ptr<float>(master), n);
+  launch_dependent(join_master_halves_kernel, blocks_for(n, kOptimThreads), kOptimThreads, 0, stream_of(param),
+                   device_ptr<const uint16_t>(param), device_ptr<const uint16_t>(low_halves), device_ptr<float>(master),
+                   n);
   check_launch("join_master_halves");
 }
 
 void split_master(const Tensor& master, const Tensor& param, const Tensor& low_halves) {
   DeviceGuard guard(param.device().index);
   const int64_t n = param.numel();
-  split_master_kernel<<<blocks_for(n, kOptimThreads), kOptimThreads, 0, stream_of(param)>>>(
-      device_ptr<const float>(master), device_ptr<uint16_t>(param), device_ptr<uint16_t>(low_halves), n);
+  launch_dependent(split_master_kernel, blocks_for(n, kOptimThreads), kOptimThreads, 0, stream_of(param),
+                   device_ptr<const float>(master), device_ptr<uint16_t>(param), device_ptr<uint16_t>(low_halves), n);
   check_launch("split_master");
 }
 
@@ -560,10 +567,9 @@ void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tenso
     const size_t vector_bytes[kMaxRoles] = {0, 16, 0, 0, 0, 0};
     Tables tables = upload_tables("non_finite_check_and_unscale_", std::move(slots), numels, vector_bytes, device);
     if (tables.num_chunks == 0) return;
-    multi_tensor_check_and_unscale<T>
-        <<<static_cast<unsigned>(tables.num_chunks), kOptimThreads, 0, stream_of(grads[0])>>>(
-            tables.tensors, tables.chunk_starts, tables.num_tensors, static_cast<float*>(found_inf.data_ptr()),
-            scalar_ptr(inv_scale));
+    launch_dependent(multi_tensor_check_and_unscale<T>, static_cast<unsigned>(tables.num_chunks), kOptimThreads, 0,
+                     stream_of(grads[0]), tables.tensors, tables.chunk_starts, tables.num_tensors,
+                     static_cast<float*>(found_inf.data_ptr()), scalar_ptr(inv_scale));
     check_launch("non_finite_check_and_unscale_");
   });
 }
@@ -571,6 +577,7 @@ void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tenso
 namespace {
 __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, const float* found_inf, float growth,
                                     float backoff, int64_t growth_interval) {
+  dependent_kernel_begin();
   if (*found_inf != 0.0f) {
     *scale *= backoff;
     *growth_tracker = 0;
@@ -590,10 +597,9 @@ __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, const
 void update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf, double growth,
                    double backoff, int64_t growth_interval) {
   DeviceGuard guard(scale.device().index);
-  update_scale_kernel<<<1, 1, 0, stream_of(scale)>>>(
-      static_cast<float*>(scale.data_ptr()), static_cast<int32_t*>(growth_tracker.data_ptr()),
-      static_cast<const float*>(found_inf.data_ptr()), static_cast<float>(growth), static_cast<float>(backoff),
-      growth_interval);
+  launch_dependent(update_scale_kernel, 1, 1, 0, stream_of(scale), static_cast<float*>(scale.data_ptr()),
+                   static_cast<int32_t*>(growth_tracker.data_ptr()), static_cast<const float*>(found_inf.data_ptr()),
+                   static_cast<float>(growth), static_cast<float>(backoff), growth_interval);
   check_launch("update_scale_");
 }
 

@@ -4,6 +4,7 @@
 // partial rows into a (D,) output in T. Up to three such sums go in one launch. No atomics, so a
 // sum has the same bits on every run.
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 
 namespace tandem::cuda {
 
@@ -28,6 +29,7 @@ struct PartialRowSums {
 constexpr int kPartialRowThreads = 16;
 template <typename S, typename T>
 __global__ void sum_partial_rows(PartialRowSums<S, T> sums, int64_t parts, int64_t d) {
+  dependent_kernel_begin();
   __shared__ S shared[kPartialRowThreads][32];
   // Selected, not indexed by blockIdx.y: an indexed parameter array is copied to local memory.
   const unsigned y = blockIdx.y;
@@ -52,7 +54,7 @@ void launch_sum_partial_rows(const PartialRowSums<S, T>& sums, int64_t parts, in
                              const char* what) {
   if (sums.count == 0 || d == 0) return;
   const dim3 grid(static_cast<unsigned>((d + 31) / 32), static_cast<unsigned>(sums.count));
-  sum_partial_rows<S, T><<<grid, dim3(32, kPartialRowThreads), 0, stream>>>(sums, parts, d);
+  launch_dependent(sum_partial_rows<S, T>, grid, dim3(32, kPartialRowThreads), 0, stream, sums, parts, d);
   check_launch(what);
 }
 

@@ -15,6 +15,7 @@
 #include "tandem/core/backend.h"
 #include "tandem/core/content_hash.h"
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 #include "tandem/core/cuda/loops.cuh"
 #include "tandem/core/scalar_math.h"
 
@@ -87,6 +88,7 @@ __device__ void write_result(const State<A>& s, int64_t n, T* out, int64_t* out_
 template <ReduceOp Op, typename T, typename A>
 __global__ void reduce_rows(const T* __restrict__ x, int64_t n, int64_t chunk, T* out, int64_t* out_index,
                             State<A>* partial) {
+  dependent_kernel_begin();
   using Block = cub::BlockReduce<State<A>, kRowThreads>;
   __shared__ typename Block::TempStorage temp;
   Reducer<Op, A> combine;
@@ -106,6 +108,7 @@ __global__ void reduce_rows(const T* __restrict__ x, int64_t n, int64_t chunk, T
 template <ReduceOp Op, typename T, typename A>
 __global__ void reduce_columns(const T* __restrict__ x, int64_t n, int64_t inner, int64_t chunk, T* out,
                                int64_t* out_index, State<A>* partial) {
+  dependent_kernel_begin();
   __shared__ State<A> shared[kRowsPerBlock][kColumnsPerBlock];
   Reducer<Op, A> combine;
   const int64_t tiles = (inner + kColumnsPerBlock - 1) / kColumnsPerBlock;
@@ -134,6 +137,7 @@ __global__ void reduce_columns(const T* __restrict__ x, int64_t n, int64_t inner
 template <ReduceOp Op, typename T, typename A, int V>
 __global__ void reduce_columns_vectorised(const T* __restrict__ x, int64_t n, int64_t inner, int64_t chunk, T* out,
                                           State<A>* partial) {
+  dependent_kernel_begin();
   static_assert(!Reducer<Op, A>::kArg, "arg reductions keep their indices: reduce_columns");
   constexpr int kWidth = kColumnsPerBlock * V;
   __shared__ A shared[kRowsPerBlock][kWidth];  // each row group's values per column of the tile
@@ -177,6 +181,7 @@ constexpr int kMaxCombineRows = 32;
 template <ReduceOp Op, typename T, typename A>
 __global__ void combine_partials(const State<A>* partial, int64_t outputs, int64_t chunks, int64_t n, T* out,
                                  int64_t* out_index) {
+  dependent_kernel_begin();
   __shared__ State<A> shared[kMaxCombineRows][32];
   Reducer<Op, A> combine;
   const int64_t pos = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -198,6 +203,7 @@ __global__ void combine_partials(const State<A>* partial, int64_t outputs, int64
 template <ReduceOp Op, typename T, typename A>
 __global__ void __launch_bounds__(kRowThreads)
     combine_partials_one(const State<A>* partial, int64_t chunks, int64_t n, T* out, int64_t* out_index) {
+  dependent_kernel_begin();
   using Block = cub::BlockReduce<State<A>, kRowThreads>;
   __shared__ typename Block::TempStorage temp;
   Reducer<Op, A> combine;
@@ -212,12 +218,13 @@ template <ReduceOp Op, typename T, typename A>
 void launch_combine_partials(const State<A>* partial, int64_t outputs, int64_t chunks, int64_t n, T* out,
                              int64_t* out_index, cudaStream_t stream, const char* what) {
   if (outputs == 1) {
-    combine_partials_one<Op, T, A><<<1, kRowThreads, 0, stream>>>(partial, chunks, n, out, out_index);
+    launch_dependent(combine_partials_one<Op, T, A>, 1, kRowThreads, 0, stream, partial, chunks, n, out, out_index);
   } else {
     // Few outputs get more threads per output: each walks fewer chunks.
     const unsigned rows = outputs <= 32 ? kMaxCombineRows : 8;
     const dim3 grid(static_cast<unsigned>((outputs + 31) / 32));
-    combine_partials<Op, T, A><<<grid, dim3(32, rows), 0, stream>>>(partial, outputs, chunks, n, out, out_index);
+    launch_dependent(combine_partials<Op, T, A>, grid, dim3(32, rows), 0, stream, partial, outputs, chunks, n, out,
+                     out_index);
   }
   check_launch(what);
 }
@@ -259,18 +266,20 @@ void reduce_typed(const Tensor& x, const Tensor& out) {
   }
   if (inner == 1) {
     dim3 grid(static_cast<unsigned>(outer), static_cast<unsigned>(chunks));
-    reduce_rows<Op, T, A><<<grid, kRowThreads, 0, stream>>>(px, n, chunk, po, pi, partial);
+    launch_dependent(reduce_rows<Op, T, A>, grid, kRowThreads, 0, stream, px, n, chunk, po, pi, partial);
   } else {
     dim3 grid(static_cast<unsigned>(outer * tiles), static_cast<unsigned>(chunks));
     dim3 block(kColumnsPerBlock, kRowsPerBlock);
     bool launched = false;
     if constexpr (!Reducer<Op, A>::kArg) {  // (vectorised is false for arg ops, which need each index)
       if (vectorised) {
-        reduce_columns_vectorised<Op, T, A, V><<<grid, block, 0, stream>>>(px, n, inner, chunk, po, partial);
+        launch_dependent(reduce_columns_vectorised<Op, T, A, V>, grid, block, 0, stream, px, n, inner, chunk, po,
+                         partial);
         launched = true;
       }
     }
-    if (!launched) reduce_columns<Op, T, A><<<grid, block, 0, stream>>>(px, n, inner, chunk, po, pi, partial);
+    if (!launched)
+      launch_dependent(reduce_columns<Op, T, A>, grid, block, 0, stream, px, n, inner, chunk, po, pi, partial);
   }
   check_launch(reduce_op_name(Op));
   if (chunks > 1) launch_combine_partials<Op, T, A>(partial, outputs, chunks, n, po, pi, stream, "reduce combine");
@@ -291,6 +300,7 @@ void reduce_dispatch_op(ReduceOp op, const Tensor& x, const Tensor& out) {
 // Each thread adds the mixes of a grid-stride set of words; the block's sum goes into *out with an
 // integer atomic add (wrapping, so the order does not matter).
 __global__ void content_hash_kernel(const unsigned char* bytes, size_t nbytes, unsigned long long* out) {
+  dependent_kernel_begin();
   const size_t full = nbytes / 8;  // whole words; a partial last one is thread 0's
   const auto* words = reinterpret_cast<const uint64_t*>(bytes);
   uint64_t sum = 0;
@@ -318,7 +328,8 @@ constexpr int kSquaredErrorThreads = 256;
 template <typename T, int V>
 __global__ void __launch_bounds__(kSquaredErrorThreads)
     squared_error_partials(const T* __restrict__ input, const T* __restrict__ target, int64_t n, acc_t<T> unit,
-                           T* __restrict__ grad, State<acc_t<T>>* __restrict__ partials) {  // (n,) x 3, (gridDim.x,)
+                           T* __restrict__ grad, State<acc_t<T>>* __restrict__ partials) {
+  dependent_kernel_begin();  // (n,) x 3, (gridDim.x,)
   using A = acc_t<T>;
   using Block = cub::BlockReduce<A, kSquaredErrorThreads>;
   __shared__ typename Block::TempStorage temp;
@@ -354,8 +365,8 @@ void reduce(ReduceOp op, const Tensor& x, const Tensor& out) {
 void content_hash(const Tensor& x, const Tensor& out) {
   DeviceGuard guard(x.device().index);
   const size_t words = (x.nbytes() + 7) / 8;
-  content_hash_kernel<<<blocks_for(static_cast<int64_t>(words), 256, 132 * 8), 256, 0, stream_of(x)>>>(
-      static_cast<const unsigned char*>(x.data_ptr()), x.nbytes(), device_ptr<unsigned long long>(out));
+  launch_dependent(content_hash_kernel, blocks_for(static_cast<int64_t>(words), 256, 132 * 8), 256, 0, stream_of(x),
+                   static_cast<const unsigned char*>(x.data_ptr()), x.nbytes(), device_ptr<unsigned long long>(out));
   check_launch("content_hash");
 }
 
@@ -379,8 +390,8 @@ void squared_error_with_grad(const Tensor& input, const Tensor& target, bool mea
     State<A>* pp = device_ptr<State<A>>(partials);
     const A unit = mean ? static_cast<A>(1.0 / static_cast<double>(n)) : A(1);
     auto kernel = vectorised ? squared_error_partials<T, V> : squared_error_partials<T, 1>;
-    kernel<<<blocks, kSquaredErrorThreads, 0, stream>>>(device_ptr<const T>(input), device_ptr<const T>(target), n,
-                                                         unit, device_ptr<T>(grad), pp);
+    launch_dependent(kernel, blocks, kSquaredErrorThreads, 0, stream, device_ptr<const T>(input),
+                     device_ptr<const T>(target), n, unit, device_ptr<T>(grad), pp);
     check_launch("mse_loss");
     T* out = device_ptr<T>(loss);
     if (mean) launch_combine_partials<ReduceOp::mean, T, A>(pp, 1, blocks, n, out, nullptr, stream, "mse_loss total");

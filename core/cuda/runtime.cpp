@@ -3,8 +3,11 @@
 #include <cuda_profiler_api.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -140,6 +143,22 @@ void allow_dynamic_shared_memory(const void* kernel, int device, size_t bytes) {
   DeviceGuard guard(device);
   TANDEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   set = bytes;
+}
+
+bool dependent_launch_enabled(int device) {
+  static const bool allowed = [] {
+    const char* v = std::getenv("TANDEM_DEPENDENT_LAUNCH");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> capable[kMaxDevices];  // per device: 0 not asked yet, 1 yes, 2 no
+  if (!allowed || device < 0 || device >= kMaxDevices) return false;
+  if (capable[device] == 0) {
+    int major = 0;
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    capable[device] = major >= 9 ? 1 : 2;
+  }
+  return capable[device] == 1;
 }
 
 Event::Event(bool timing) {

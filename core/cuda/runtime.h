@@ -29,6 +29,10 @@ void captured_upload(void* dst, const void* src, size_t nbytes, cudaStream_t str
 // Raises a BackendError naming the kernel if its launch failed.
 void check_launch(const char* kernel);
 
+// Whether launch_dependent (dependent_launch.cuh) asks for programmatic dependent launch: on
+// devices of compute capability 9.0 and up, unless TANDEM_DEPENDENT_LAUNCH=0.
+bool dependent_launch_enabled(int device);
+
 // Throws DeviceError unless 0 <= device < device_count().
 void check_device(int device);
 

@@ -6,6 +6,7 @@
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/common.cuh"
+#include "tandem/core/cuda/dependent_launch.cuh"
 
 namespace tandem::cuda {
 
@@ -87,6 +88,7 @@ int row_threads(int64_t n) {
 
 template <typename T, bool Log>
 __global__ void softmax_rows(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
+  dependent_kernel_begin();
   using A = stat_t<acc_t<T>>;
   const T* in = x + blockIdx.x * n;
   T* out = y + blockIdx.x * n;
@@ -112,6 +114,7 @@ struct alignas(sizeof(T) * V) Packed {
 template <typename T, int V, int kItems, bool Log>
 __global__ void __launch_bounds__(kRegisterThreads) softmax_rows_in_registers(const T* __restrict__ x, T* __restrict__ y,
                                                                                int64_t n) {
+  dependent_kernel_begin();
   using A = stat_t<acc_t<T>>;
   const int64_t vectors = n / V;
   const Packed<T, V>* in = reinterpret_cast<const Packed<T, V>*>(x + blockIdx.x * n);
@@ -166,16 +169,21 @@ bool launch_rows_in_registers(const T* x, T* y, int64_t outer, int64_t n, cudaSt
   if (n % V != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(y) % 16 != 0) return false;
   const int64_t per_item = static_cast<int64_t>(kRegisterThreads) * V;
   const unsigned blocks = static_cast<unsigned>(outer);
-  if (n <= per_item) softmax_rows_in_registers<T, V, 1, Log><<<blocks, kRegisterThreads, 0, stream>>>(x, y, n);
-  else if (n <= 2 * per_item) softmax_rows_in_registers<T, V, 2, Log><<<blocks, kRegisterThreads, 0, stream>>>(x, y, n);
-  else if (n <= 4 * per_item) softmax_rows_in_registers<T, V, 4, Log><<<blocks, kRegisterThreads, 0, stream>>>(x, y, n);
-  else if (n <= 8 * per_item) softmax_rows_in_registers<T, V, 8, Log><<<blocks, kRegisterThreads, 0, stream>>>(x, y, n);
+  if (n <= per_item)
+    launch_dependent(softmax_rows_in_registers<T, V, 1, Log>, blocks, kRegisterThreads, 0, stream, x, y, n);
+  else if (n <= 2 * per_item)
+    launch_dependent(softmax_rows_in_registers<T, V, 2, Log>, blocks, kRegisterThreads, 0, stream, x, y, n);
+  else if (n <= 4 * per_item)
+    launch_dependent(softmax_rows_in_registers<T, V, 4, Log>, blocks, kRegisterThreads, 0, stream, x, y, n);
+  else if (n <= 8 * per_item)
+    launch_dependent(softmax_rows_in_registers<T, V, 8, Log>, blocks, kRegisterThreads, 0, stream, x, y, n);
   else return false;
   return true;
 }
 
 template <typename T, bool Log>
 __global__ void softmax_columns(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n, int64_t inner) {
+  dependent_kernel_begin();
   using A = stat_t<acc_t<T>>;
   int64_t column = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (column >= outer * inner) return;
@@ -192,6 +200,7 @@ __global__ void softmax_columns(const T* __restrict__ x, T* __restrict__ y, int6
 // softmax: dx = y * (g - sum(g * y));  log_softmax: dx = g - exp(y) * sum(g)
 template <typename T, bool Log>
 __global__ void softmax_backward_rows(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ dx, int64_t n) {
+  dependent_kernel_begin();
   using A = stat_t<acc_t<T>>;
   int64_t base = blockIdx.x * n;
   A dot = 0;
@@ -209,6 +218,7 @@ __global__ void softmax_backward_rows(const T* __restrict__ g, const T* __restri
 template <typename T, bool Log>
 __global__ void softmax_backward_columns(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ dx,
                                          int64_t outer, int64_t n, int64_t inner) {
+  dependent_kernel_begin();
   using A = stat_t<acc_t<T>>;
   int64_t column = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (column >= outer * inner) return;
@@ -238,12 +248,16 @@ void softmax_typed(const Tensor& x, const Tensor& out, bool log) {
     bool done = log ? launch_rows_in_registers<T, true>(px, py, outer, n, stream)
                     : launch_rows_in_registers<T, false>(px, py, outer, n, stream);
     int threads = row_threads(n);
-    if (!done && log) softmax_rows<T, true><<<static_cast<unsigned>(outer), threads, 0, stream>>>(px, py, n);
-    if (!done && !log) softmax_rows<T, false><<<static_cast<unsigned>(outer), threads, 0, stream>>>(px, py, n);
+    if (!done && log)
+      launch_dependent(softmax_rows<T, true>, static_cast<unsigned>(outer), threads, 0, stream, px, py, n);
+    if (!done && !log)
+      launch_dependent(softmax_rows<T, false>, static_cast<unsigned>(outer), threads, 0, stream, px, py, n);
   } else {
     int blocks = blocks_for(outer * inner, 256, INT32_MAX);
-    if (log) softmax_columns<T, true><<<blocks, 256, 0, stream>>>(px, py, outer, n, inner);
-    else softmax_columns<T, false><<<blocks, 256, 0, stream>>>(px, py, outer, n, inner);
+    if (log)
+      launch_dependent(softmax_columns<T, true>, blocks, 256, 0, stream, px, py, outer, n, inner);
+    else
+      launch_dependent(softmax_columns<T, false>, blocks, 256, 0, stream, px, py, outer, n, inner);
   }
   check_launch("softmax");
 }
@@ -260,12 +274,17 @@ void softmax_backward_typed(const Tensor& grad, const Tensor& y, const Tensor& o
   T* pd = device_ptr<T>(out);
   if (inner == 1) {
     int threads = row_threads(n);
-    if (log) softmax_backward_rows<T, true><<<static_cast<unsigned>(outer), threads, 0, stream>>>(pg, py, pd, n);
-    else softmax_backward_rows<T, false><<<static_cast<unsigned>(outer), threads, 0, stream>>>(pg, py, pd, n);
+    if (log)
+      launch_dependent(softmax_backward_rows<T, true>, static_cast<unsigned>(outer), threads, 0, stream, pg, py, pd, n);
+    else
+      launch_dependent(softmax_backward_rows<T, false>, static_cast<unsigned>(outer), threads, 0, stream, pg, py, pd,
+                       n);
   } else {
     int blocks = blocks_for(outer * inner, 256, INT32_MAX);
-    if (log) softmax_backward_columns<T, true><<<blocks, 256, 0, stream>>>(pg, py, pd, outer, n, inner);
-    else softmax_backward_columns<T, false><<<blocks, 256, 0, stream>>>(pg, py, pd, outer, n, inner);
+    if (log)
+      launch_dependent(softmax_backward_columns<T, true>, blocks, 256, 0, stream, pg, py, pd, outer, n, inner);
+    else
+      launch_dependent(softmax_backward_columns<T, false>, blocks, 256, 0, stream, pg, py, pd, outer, n, inner);
   }
   check_launch("softmax_backward");
 }
@@ -396,6 +415,7 @@ __global__ void __launch_bounds__(1024) cross_entropy_rows(const T* __restrict__
                                                            const stat_t<acc_t<T>>* count, stat_t<acc_t<T>>* losses,
                                                            stat_t<acc_t<T>>* lse_out, T* __restrict__ grad,
                                                            int64_t classes, int64_t ignore_index, double smoothing) {
+  dependent_kernel_begin();
   using A = stat_t<acc_t<T>>;
   using P = Packed<T, V>;
   extern __shared__ __align__(16) unsigned char shared_row[];
@@ -470,6 +490,7 @@ __global__ void cross_entropy_backward_rows(const T* __restrict__ logits, const 
                                             const stat_t<acc_t<T>>* lse, const stat_t<acc_t<T>>* row_grad,
                                             T* __restrict__ dx, int64_t classes, int64_t ignore_index,
                                             double smoothing) {
+  dependent_kernel_begin();
   using A = stat_t<acc_t<T>>;
   using P = Packed<T, V>;
   const int64_t row = blockIdx.x;
@@ -530,9 +551,9 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& target, const Ten
     const int v = cross_entropy_vector<T>(logits.data_ptr(), nullptr);
     auto kernel = v == V ? cross_entropy_rows<T, V, GradPass::none> : cross_entropy_rows<T, 1, GradPass::none>;
     const int threads = cross_entropy_threads(c, v, kCrossEntropyForwardThreads);
-    kernel<<<static_cast<unsigned>(n), threads, 0, stream_of(logits)>>>(
-        device_ptr<const T>(logits), device_ptr<const int64_t>(target), nullptr, device_ptr<A>(losses),
-        device_ptr<A>(lse), nullptr, c, ignore_index, smoothing);
+    launch_dependent(kernel, static_cast<unsigned>(n), threads, 0, stream_of(logits), device_ptr<const T>(logits),
+                     device_ptr<const int64_t>(target), nullptr, device_ptr<A>(losses), device_ptr<A>(lse), nullptr, c,
+                     ignore_index, smoothing);
     check_launch("cross_entropy");
   });
 }
@@ -560,10 +581,9 @@ void cross_entropy_with_grad(const Tensor& logits, const Tensor& target, const T
     const size_t shared = keep ? kept_bytes : 0;
     allow_dynamic_shared_memory(kernel, device, shared);
     const int threads = cross_entropy_threads(c, v, kCrossEntropyForwardThreads);
-    kernel<<<static_cast<unsigned>(n), threads, shared, stream_of(logits)>>>(
-        device_ptr<const T>(logits), device_ptr<const int64_t>(target),
-        count.defined() ? device_ptr<const A>(count) : nullptr, device_ptr<A>(losses), nullptr, device_ptr<T>(grad), c,
-        ignore_index, smoothing);
+    launch_dependent(kernel, static_cast<unsigned>(n), threads, shared, stream_of(logits), device_ptr<const T>(logits),
+                     device_ptr<const int64_t>(target), count.defined() ? device_ptr<const A>(count) : nullptr,
+                     device_ptr<A>(losses), nullptr, device_ptr<T>(grad), c, ignore_index, smoothing);
     check_launch("cross_entropy_with_grad");
   });
 }
@@ -580,9 +600,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Te
     constexpr int V = 16 / sizeof(T);
     const int v = cross_entropy_vector<T>(logits.data_ptr(), out.data_ptr());
     auto kernel = v == V ? cross_entropy_backward_rows<T, V> : cross_entropy_backward_rows<T, 1>;
-    kernel<<<static_cast<unsigned>(n), cross_entropy_threads(c, v, 1024), 0, stream_of(logits)>>>(
-        device_ptr<const T>(logits), device_ptr<const int64_t>(target), device_ptr<const A>(lse),
-        device_ptr<const A>(row_grad), device_ptr<T>(out), c, ignore_index, smoothing);
+    launch_dependent(kernel, static_cast<unsigned>(n), cross_entropy_threads(c, v, 1024), 0, stream_of(logits),
+                     device_ptr<const T>(logits), device_ptr<const int64_t>(target), device_ptr<const A>(lse),
+                     device_ptr<const A>(row_grad), device_ptr<T>(out), c, ignore_index, smoothing);
     check_launch("cross_entropy_backward");
   });
 }
