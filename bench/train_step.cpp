@@ -401,6 +401,9 @@ int run_benchmark(const Config& cfg) {
                cfg.workload.c_str(), cfg.precision.c_str(), device.str().c_str(), static_cast<long long>(batch),
                model->num_parameters() / 1e6, med, min, samples_per_s * tokens, tokens > 1 ? "tokens" : "samples");
   if (on_gpu) std::fprintf(stderr, ", peak %.2f GiB", cuda::max_memory_allocated(device.index) / double(1 << 30));
+  // Under --cuda-graph the allocator's peak leaves out the graph's pool (its working memory).
+  if (graphed)
+    std::fprintf(stderr, " outside the graph + %.2f GiB its pool", graphed->graph().pool_bytes() / double(1 << 30));
   std::fprintf(stderr, ", loss %.6f -> %.6f\n", loss_values.front(), loss_values.back());
   if (are_deterministic_algorithms_enabled()) std::fprintf(stderr, "train_step: parameters hash %s (FNV-1a, deterministic mode)\n", params_hash.c_str());
   std::fflush(stderr);
