@@ -8,6 +8,9 @@ kernel at a time, 2 to 3 us added to each small kernel) the times are those of t
 so the gaps between kernels (launch latency, memset and copy nodes, host stalls) show. Recording
 makes a step slightly longer (about 0.1 ms of GPT-2 B1 T1024's 3.7 ms on an H200).
 
+The command runs with TANDEM_DEPENDENT_LAUNCH=0 unless the environment sets it: tandem's kernels
+then launch the ordinary way, so each record is that kernel's own time.
+
 With --cuda-graph each replay is one step: the replay whose span is the median is printed, with
 the medians over all replays. Without a graph the marked part is divided by --steps.
 
@@ -153,6 +156,9 @@ def main():
         path = args.keep or tempfile.mkstemp(suffix=".tsv")[1]
         env = dict(os.environ, CUDA_INJECTION64_PATH=os.path.abspath(args.library), TANDEM_TIMELINE_OUT=path)
         env.pop("TANDEM_TIMELINE_ACTIVE", None)
+        # Each kernel's own time: with dependent launch a kernel's record would start when it was
+        # scheduled, its wait for the kernel before it included (set the variable to 1 to see that).
+        env.setdefault("TANDEM_DEPENDENT_LAUNCH", "0")
         proc = subprocess.run(command, env=env, stdout=subprocess.DEVNULL)
         if proc.returncode != 0:
             sys.exit(f"kernel_timeline: the command exited with status {proc.returncode}")
