@@ -328,8 +328,8 @@ constexpr int kSquaredErrorThreads = 256;
 template <typename T, int V>
 __global__ void __launch_bounds__(kSquaredErrorThreads)
     squared_error_partials(const T* __restrict__ input, const T* __restrict__ target, int64_t n, acc_t<T> unit,
-                           T* __restrict__ grad, State<acc_t<T>>* __restrict__ partials) {
-  dependent_kernel_begin();  // (n,) x 3, (gridDim.x,)
+                           T* __restrict__ grad, State<acc_t<T>>* __restrict__ partials) {  // (n,) x 3, (gridDim.x,)
+  dependent_kernel_begin();
   using A = acc_t<T>;
   using Block = cub::BlockReduce<A, kSquaredErrorThreads>;
   __shared__ typename Block::TempStorage temp;
