@@ -9,9 +9,9 @@
 // (10^9 bytes), the time being a call's: each round issues --calls calls of one side back to back
 // (as nccl-tests' iterations; each tandem call waited for with Work::wait, as a caller that needs
 // the result does), then as many of the other, and divides. The times are medians over rounds, the
-// slowest rank's. "tandem/raw" is tandem's busbw over the raw call's: 1 means no overhead. With
-// --calls 1 a round times one call from an idle GPU, the host's time to issue it included. Each
-// size also prints one JSON object on a line of its own.
+// slowest rank's; so are the host's microseconds to issue a call. "tandem/raw" is tandem's busbw
+// over the raw call's: 1 means no overhead. With --calls 1 a round times one call from an idle GPU,
+// the host's time to issue it included. Each size also prints one JSON object on a line of its own.
 //
 // --cuda-graph (GPUs only) adds the captured mode: each side's --calls calls (tandem's all_reduce +
 // wait, the raw ncclAllReduce) captured into one CUDA graph and the graphs replayed; times per
@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
                   calls, bench::kGraphReplays);
     }
     std::printf("# %12s  %10s %10s %10s  %10s %10s %10s  %10s  %s", "bytes", "tandem ms", "algbw", "busbw", "raw ms",
-                "algbw", "busbw", "tandem/raw", "host us to issue: tandem raw (rank 0)");
+                "algbw", "busbw", "tandem/raw", "host us to issue: tandem raw (slowest rank)");
     if (cuda_graph) {
       std::printf("  %10s %10s %10s %10s %10s", "graph: tandem ms", "busbw", "raw ms", "busbw", "tandem/raw");
     }
@@ -163,8 +163,8 @@ int main(int argc, char** argv) {
   for (size_t mb = static_cast<size_t>(min_mb); mb <= static_cast<size_t>(max_mb); mb *= 2) {
     size_t bytes = mb << 20;
     bench::AllReduceTiming t = bench->time(bytes, warmup, reps, calls, cuda_graph);
-    double slowest[4] = {t.tandem_ms, t.raw_ms, t.tandem_graph_ms, t.raw_graph_ms};
-    MPI_Allreduce(MPI_IN_PLACE, slowest, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    double slowest[6] = {t.tandem_ms, t.raw_ms, t.tandem_graph_ms, t.raw_graph_ms, t.tandem_host_us, t.raw_host_us};
+    MPI_Allreduce(MPI_IN_PLACE, slowest, 6, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (w.rank != 0) continue;
     auto algbw = [&](double ms) { return ms > 0 ? static_cast<double>(bytes) / (ms * 1e-3) / 1e9 : 0.0; };
     auto ratio = [](double tandem, double raw) { return raw > 0 ? tandem / raw : 0.0; };
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
     const double tandem_graph_algbw = algbw(slowest[2]), raw_graph_algbw = algbw(slowest[3]);
     std::printf("  %12zu  %10.4f %10.2f %10.2f  %10.4f %10.2f %10.2f  %10.3f  %6.1f %6.1f", bytes, slowest[0],
                 tandem_algbw, tandem_algbw * bus_factor, slowest[1], raw_algbw, raw_algbw * bus_factor,
-                ratio(tandem_algbw, raw_algbw), t.tandem_host_us, t.raw_host_us);
+                ratio(tandem_algbw, raw_algbw), slowest[4], slowest[5]);
     if (cuda_graph) {
       std::printf("  %16.4f %10.2f %10.4f %10.2f %10.3f", slowest[2], tandem_graph_algbw * bus_factor, slowest[3],
                   raw_graph_algbw * bus_factor, ratio(tandem_graph_algbw, raw_graph_algbw));
@@ -184,8 +184,9 @@ int main(int argc, char** argv) {
         "\"tandem_ms\": %.5f, \"raw_ms\": %.5f, \"tandem_algbw_gbs\": %.3f, \"tandem_busbw_gbs\": %.3f, "
         "\"raw_algbw_gbs\": %.3f, \"raw_busbw_gbs\": %.3f, \"tandem_over_raw\": %.4f, \"tandem_host_us\": %.2f, "
         "\"raw_host_us\": %.2f",
-        bench->backend().c_str(), w.size, on_current_stream ? "true" : "false", calls, bytes, slowest[0], slowest[1], tandem_algbw, tandem_algbw * bus_factor,
-        raw_algbw, raw_algbw * bus_factor, ratio(tandem_algbw, raw_algbw), t.tandem_host_us, t.raw_host_us);
+        bench->backend().c_str(), w.size, on_current_stream ? "true" : "false", calls, bytes, slowest[0], slowest[1],
+        tandem_algbw, tandem_algbw * bus_factor, raw_algbw, raw_algbw * bus_factor, ratio(tandem_algbw, raw_algbw),
+        slowest[4], slowest[5]);
     if (cuda_graph) {
       std::printf(
           ", \"calls_per_graph\": %d, \"tandem_graph_ms\": %.5f, \"raw_graph_ms\": %.5f, "

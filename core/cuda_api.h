@@ -38,9 +38,10 @@ void set_poison_allocations(bool enabled);
 // (NCCL) without including CUDA headers.
 using StreamHandle = void*;
 StreamHandle current_stream_handle(int device);  // tandem's compute stream unless a StreamGuard says otherwise
-// A non-blocking stream at the device's highest priority, made once per device and kept for the
-// process (collectives use it, so that they travel while the compute stream is busy).
-StreamHandle high_priority_stream(int device);
+// A non-blocking stream for collectives, beside the compute stream, so that they travel while it is
+// busy: at the device's highest priority or at the default one, made once per device and priority
+// and kept for the process.
+StreamHandle collective_stream(int device, bool highest_priority);
 
 // cudaSetDevice: `device` is the calling thread's current device from now on.
 void set_device(int device);

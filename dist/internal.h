@@ -86,6 +86,7 @@ struct NcclSettings {
   bool launch_alone = false;      // InitOptions::nccl_launch_alone
   bool nonblocking = false;       // InitOptions::nccl_nonblocking
   bool time_collectives = false;  // InitOptions::time_collectives
+  bool high_priority_stream = false;  // InitOptions::comm_stream_high_priority
 };
 // A communicator over every rank of `cpu_group`, on `device` (already current); rank 0's
 // ncclUniqueId travels through cpu_group.

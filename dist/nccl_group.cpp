@@ -1,7 +1,8 @@
 // The NCCL process group: collectives on cuda tensors of this rank's GPU. Each collective is
-// ordered after the caller's current stream by an event, runs on a high-priority communication
-// stream, and records a completion event (without timing: a pair of timing events around it only
-// where asked, TimedCollectives, since each costs the stream some 3 us); the host never blocks. A
+// ordered after the caller's current stream by an event, runs on a communication stream (of the
+// default priority unless InitOptions::comm_stream_high_priority), and records a completion event
+// (without timing: a pair of timing events around it only where asked, TimedCollectives, since
+// each costs the stream some 3 us); the host never blocks. A
 // watchdog thread completes Works (releasing their tensors), polls ncclCommGetAsyncError, and
 // aborts the communicator when a collective fails or runs past the timeout, so no kernel spins
 // forever on a peer that is gone.
@@ -724,7 +725,7 @@ std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int devic
   core->nonblocking = settings.nonblocking;
   core->time_all = settings.time_collectives;
   core->location = ::tandem::detail::concat(" on cuda:", device);
-  core->stream = cuda::high_priority_stream(device);
+  core->stream = cuda::collective_stream(device, settings.high_priority_stream);
   core->ready = std::make_unique<cuda::Event>(/*timing=*/false);
   return std::make_shared<NcclGroup>(core);
 }

@@ -246,6 +246,8 @@ const World& init(const InitOptions& options) {
                                          "a non-blocking NCCL communicator");
   const bool time_collectives = flag_from_env("TANDEM_TIME_COLLECTIVES", options.time_collectives,
                                               "every NCCL collective timed on the GPU");
+  const bool high_priority = flag_from_env("TANDEM_COMM_STREAM_HIGH_PRIORITY", options.comm_stream_high_priority,
+                                           "the communication stream at the highest priority");
   TANDEM_CHECK_AS(ValueError, timeout > 0, "dist::init: timeout_seconds must be positive, got ", timeout);
 
   const char* dump_env = std::getenv("TANDEM_DIST_DUMP_DIR");
@@ -275,7 +277,7 @@ const World& init(const InitOptions& options) {
       if (w.local_rank == 0) internal::report_failure("dist::init: no NCCL group: " + s.no_gpu_group_reason);
     } else {
       w.gpu_group = internal::make_nccl_group(*w.cpu_group, index,
-                                              {timeout, launch_alone, nonblocking, time_collectives});
+                                              {timeout, launch_alone, nonblocking, time_collectives, high_priority});
     }
   }
   s.world = w;

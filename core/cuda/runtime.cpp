@@ -106,9 +106,10 @@ void set_stream_override(int device, cudaStream_t stream) {
   stream_override[device] = stream;
 }
 
-StreamHandle high_priority_stream(int device) {
-  static auto* streams = new StreamPerDevice(true);
-  return streams->get(device);
+StreamHandle collective_stream(int device, bool highest_priority) {
+  static auto* highest = new StreamPerDevice(true);
+  static auto* default_priority = new StreamPerDevice(false);
+  return (highest_priority ? highest : default_priority)->get(device);
 }
 
 void set_device(int device) { TANDEM_CUDA_CHECK(cudaSetDevice(device)); }
