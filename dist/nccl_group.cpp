@@ -2,10 +2,9 @@
 // ordered after the caller's current stream by an event, runs on a communication stream (of the
 // default priority unless InitOptions::comm_stream_high_priority), and records a completion event
 // (without timing: a pair of timing events around it only where asked, TimedCollectives, since
-// each costs the stream some 3 us); the host never blocks. A
-// watchdog thread completes Works (releasing their tensors), polls ncclCommGetAsyncError, and
-// aborts the communicator when a collective fails or runs past the timeout, so no kernel spins
-// forever on a peer that is gone.
+// each costs the stream some 3 us); the host never blocks. A watchdog thread completes Works
+// (releasing their tensors), polls ncclCommGetAsyncError, and aborts the communicator when a
+// collective fails or runs past the timeout, so no kernel spins forever on a peer that is gone.
 // Collectives captured into a CUDA graph are issued again by every replay, and watched the same
 // way (ReplayWatch).
 //
