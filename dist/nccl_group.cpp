@@ -76,6 +76,22 @@ std::string nccl_text(ncclResult_t status, ncclComm_t comm) {
   return text;
 }
 
+// The NCCL call(s) of one collective, by reference: `enqueue` makes them on the stream it is given
+// and returns their status. Unlike a std::function, making one allocates nothing (a lambda that
+// captures three references outgrows a std::function's inline storage), and every launch makes one.
+class EnqueueRef {
+ public:
+  template <typename F>
+  EnqueueRef(const F& enqueue)  // NOLINT: made implicitly from the lambda at each launch
+      : callable_(&enqueue),
+        call_([](const void* callable, cudaStream_t stream) { return (*static_cast<const F*>(callable))(stream); }) {}
+  ncclResult_t operator()(cudaStream_t stream) const { return call_(callable_, stream); }
+
+ private:
+  const void* callable_;  // the caller's lambda, alive for the launch
+  ncclResult_t (*call_)(const void*, cudaStream_t);
+};
+
 struct NcclWork : TrackedWork {
   NcclWork() { timed_on_host = false; }
   // On the collective's stream, around it; back to the pools once completed. A timed collective's
@@ -240,9 +256,7 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
 
   // Orders the collective after the caller's stream, enqueues it on the communication stream (or,
   // inside a CollectivesOnCurrentStream scope, on the caller's stream itself), and tracks it.
-  // `enqueue` makes the NCCL call(s) on the stream it is given and returns their status.
-  std::shared_ptr<Work> launch(const std::shared_ptr<NcclWork>& w, const Fingerprint& fingerprint,
-                               const std::function<ncclResult_t(cudaStream_t)>& enqueue);
+  std::shared_ptr<Work> launch(const std::shared_ptr<NcclWork>& w, const Fingerprint& fingerprint, EnqueueRef enqueue);
 
   // The watch of the capture under way on this thread, made (and hooked into the graph's replays)
   // by its first collective.
@@ -304,7 +318,7 @@ class NcclWorkHandle final : public TrackedWorkHandle {
 };
 
 std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const Fingerprint& fingerprint,
-                                       const std::function<ncclResult_t(cudaStream_t)>& enqueue) {
+                                       EnqueueRef enqueue) {
   check_usable(w->op, w->bytes);
   // Inside a CUDA graph capture the communication stream joins the capture through `ready`, and the
   // collective becomes a node of the graph: no timing events, its tensors kept until the capture
@@ -326,13 +340,13 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
   w->end = take_event(timed);
   // The caller's stream, or the communication stream ordered after it by `ready`.
   const bool on_caller_stream = collectives_on_current_stream();
-  const cudaStream_t run_on =
-      on_caller_stream ? static_cast<cudaStream_t>(cuda::current_stream_handle(device)) : nccl_stream();
+  const cuda::StreamHandle caller_stream = cuda::current_stream_handle(device);
+  const cudaStream_t run_on = on_caller_stream ? static_cast<cudaStream_t>(caller_stream) : nccl_stream();
   w->stream = run_on;
   std::vector<cuda::GraphNode> fork;  // captured on the communication stream: what it waits for
   if (!on_caller_stream) {
-    if (w->captured) fork = cuda::capture_dependencies(cuda::current_stream_handle(device));
-    ready->record(device);  // on the caller's current stream
+    if (w->captured) fork = cuda::capture_dependencies(caller_stream);
+    ready->record_on(caller_stream);
     ready->wait_on(stream);
   }
   if (timed) w->start->record_on(run_on);

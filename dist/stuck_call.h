@@ -6,12 +6,12 @@
 // one has run past its limit, a monitor thread reports it (naming the call), writes every group's
 // flight recorder and ends the process with status 1, so the rank stops instead of hanging (and
 // mpirun stops the others).
-#include <cstdint>
 #include <functional>
 #include <string>
 
 namespace tandem::dist::internal {
 
+// A scope on one thread: watches nest, and each ends on the thread that began it.
 class StuckCallWatch {
  public:
   // `what` names the call for the report ("rank 0: nccl all_reduce of 4096 bytes (#3) on cuda:0"),
@@ -21,9 +21,6 @@ class StuckCallWatch {
   ~StuckCallWatch();
   StuckCallWatch(const StuckCallWatch&) = delete;
   StuckCallWatch& operator=(const StuckCallWatch&) = delete;
-
- private:
-  uint64_t ticket_;
 };
 
 }  // namespace tandem::dist::internal

@@ -218,10 +218,20 @@ std::ptrdiff_t WorkTracker::newest_finished(const std::vector<size_t>& in_order)
     poll(w);
     return w.done && !w.failed;  // a failed test says nothing of the ones before it
   };
-  // Finished at `lo` (or none, -1), unfinished from `hi`. Mostly all have finished, or only the
-  // oldest few: the newest is tested first.
+  // Finished at `lo` (or none, -1), unfinished from `hi`. Mostly all have finished but the newest
+  // one or two (a sweep at a launch, with the previous launches still running or just done): the
+  // newest is tested first, then steps back from it that double (1, 2, 4, ...) until one has
+  // finished, then the halving between; 2 to 4 tests there, where halving alone took log2(n) + 1.
   std::ptrdiff_t lo = -1, hi = static_cast<std::ptrdiff_t>(in_order.size()) - 1;
   if (finished(hi)) return hi;
+  for (std::ptrdiff_t step = 1; hi - step > lo; step *= 2) {
+    const std::ptrdiff_t at = hi - step;
+    if (finished(at)) {
+      lo = at;
+      break;
+    }
+    hi = at;
+  }
   while (hi - lo > 1) {
     const std::ptrdiff_t mid = lo + (hi - lo) / 2;
     if (finished(mid)) {
