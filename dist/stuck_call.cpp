@@ -1,5 +1,7 @@
 #include "tandem/dist/stuck_call.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -42,15 +44,16 @@ class Monitor {
     return *monitor;
   }
 
-  void add(ThreadCalls* calls) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-    threads_.push_back(calls);
-  }
-
-  void remove(ThreadCalls* calls) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    threads_.erase(std::remove(threads_.begin(), threads_.end(), calls), threads_.end());
+  // The calling thread's calls (made at its first watch).
+  ThreadCalls& this_thread_calls() {
+    if (this_thread_ == nullptr) {
+      this_thread_ = new ThreadCalls();
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+      threads_.push_back(this_thread_);
+      pthread_setspecific(thread_end_, this_thread_);
+    }
+    return *this_thread_;
   }
 
   void shorten_interval(double limit) {
@@ -61,7 +64,21 @@ class Monitor {
   }
 
  private:
-  Monitor() = default;
+  // A thread's calls are forgotten when it ends, by a pthread key's destructor: unlike a
+  // thread_local object's destructor, it does not run when the main thread calls exit(), whose
+  // atexit handlers (dist::finalize) still make watches.
+  Monitor() {
+    pthread_key_create(&thread_end_, [](void* calls) { instance().forget(static_cast<ThreadCalls*>(calls)); });
+  }
+
+  void forget(ThreadCalls* calls) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      threads_.erase(std::remove(threads_.begin(), threads_.end(), calls), threads_.end());
+    }
+    delete calls;
+    this_thread_ = nullptr;  // a watch made later on this thread (by a later destructor) starts anew
+  }
 
   void run() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -91,32 +108,24 @@ class Monitor {
   std::vector<ThreadCalls*> threads_;   // every thread that has entered a watch and not ended
   std::atomic<double> interval_{0.25};  // seconds between looks
   std::thread thread_;
+  pthread_key_t thread_end_;
+  static thread_local ThreadCalls* this_thread_;  // trivially destructible: still there during exit()
 };
 
-// This thread's calls, known to the monitor from its first watch until the thread ends.
-class RegisteredCalls {
- public:
-  RegisteredCalls() { Monitor::instance().add(&calls); }
-  ~RegisteredCalls() { Monitor::instance().remove(&calls); }
-  ThreadCalls calls;
-};
-
-ThreadCalls& this_thread_calls() {
-  thread_local RegisteredCalls registered;
-  return registered.calls;
-}
+thread_local ThreadCalls* Monitor::this_thread_ = nullptr;
 
 }  // namespace
 
 StuckCallWatch::StuckCallWatch(std::function<std::string()> what, const char* hint, double limit_seconds) {
-  Monitor::instance().shorten_interval(limit_seconds);
-  ThreadCalls& calls = this_thread_calls();
+  Monitor& monitor = Monitor::instance();
+  monitor.shorten_interval(limit_seconds);
+  ThreadCalls& calls = monitor.this_thread_calls();
   std::lock_guard<std::mutex> lock(calls.mutex);
   calls.calls.push_back({std::move(what), hint, Clock::now(), limit_seconds});
 }
 
 StuckCallWatch::~StuckCallWatch() {
-  ThreadCalls& calls = this_thread_calls();
+  ThreadCalls& calls = Monitor::instance().this_thread_calls();
   std::lock_guard<std::mutex> lock(calls.mutex);
   calls.calls.pop_back();
 }
