@@ -1,11 +1,12 @@
 #pragma once
-// Everything a training program needs, in one include: tensors and their ops, autograd, layers,
-// optimizers and schedules, checkpoints, GradScaler, CUDA graphs of a training step, data loading,
-// process groups, DDP, ZeRO and the distributed sampler.
+// Everything a training program needs, in one include: tensors and their ops, autograd (with weight
+// gradients beside backward), layers, optimizers and schedules, checkpoints, GradScaler, CUDA graphs
+// of a training step, data loading, process groups, DDP, ZeRO and the distributed sampler.
 #include "tandem/amp/grad_scaler.h"
-#include "tandem/autograd/gradcheck.h"
 #include "tandem/autograd/grad_mode.h"
+#include "tandem/autograd/gradcheck.h"
 #include "tandem/autograd/ops.h"
+#include "tandem/autograd/side_stream.h"
 #include "tandem/core/cuda_graph.h"
 #include "tandem/core/determinism.h"
 #include "tandem/core/device.h"

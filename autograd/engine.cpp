@@ -7,6 +7,7 @@
 
 #include "tandem/autograd/grad_mode.h"
 #include "tandem/autograd/node.h"
+#include "tandem/autograd/side_stream.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem::autograd {
@@ -93,6 +94,8 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
     }
   } restore{outer_callbacks, releasing_saved, first_input_final};
   releasing_saved = !retain_graph;
+  detail::SideWork side;  // weight gradients made beside the nodes (side_stream.h)
+  detail::SideWorkScope side_scope(&side);
   std::shared_ptr<Node> root_node = gradient_edge(root);
   std::unordered_map<Node*, int> deps = count_dependencies(root_node);
   std::unordered_map<Node*, Tensor> buffers{{root_node.get(), gradient.detach()}};
@@ -106,6 +109,10 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
     Tensor grad = std::move(it->second);
     buffers.erase(it);
     Tensor pending = take_pending_to_fold(*node, buffers);
+    if (!node->takes_gradients_beside()) {  // its kernels read them on the compute stream
+      side.join_for(grad);
+      side.join_for(pending);
+    }
     // Final when no other producer is still to run for the first input's node and no gradient
     // waits in its slot that this node did not fold (a folded one left the slot empty).
     Node* first = node->next.empty() ? nullptr : node->next[0].get();
@@ -125,7 +132,13 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
         check_gradient(*node, i, grads[i]);
         Tensor& slot = buffers[next.get()];
         if (i == 0 && pending.defined()) slot = grads[0];  // already holds the pending gradient
-        else slot = slot.defined() ? kernels::binary(BinaryOp::add, slot, grads[i]) : grads[i];
+        else if (!slot.defined())
+          slot = grads[i];
+        else {
+          side.join_for(slot);
+          side.join_for(grads[i]);
+          slot = kernels::binary(BinaryOp::add, slot, grads[i]);
+        }
       } else {
         TANDEM_CHECK(i != 0 || !pending.defined(), "backward of ", node->name(),
                      " took a pending gradient for input 0 but returned none");
@@ -152,6 +165,7 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
       }
     }
   }
+  side.join_all();  // every gradient ready on the compute stream, every leaf's hooks run
   // Callbacks may queue more callbacks; run until none are left.
   for (size_t i = 0; i < callbacks.size(); ++i) {
     std::function<void()> fn = std::move(callbacks[i]);

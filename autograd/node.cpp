@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "tandem/autograd/grad_mode.h"
+#include "tandem/autograd/side_stream.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem::autograd {
@@ -35,18 +36,45 @@ std::vector<Tensor> FunctionNode::apply_folding(Tensor grad_output, const Tensor
   return folding_backward_(grad_output, pending);
 }
 
-std::vector<Tensor> AccumulateGrad::apply(Tensor grad) {
-  AutogradMeta& m = meta(leaf_);
+namespace {
+void accumulate(AutogradMeta& m, const Tensor& leaf, const Tensor& grad) {
   if (!m.grad.defined()) {
     // Take the incoming buffer when nothing else refers to it; otherwise copy, so that later
     // in-place accumulation never writes into another tensor's memory. .grad takes the leaf's
     // memory format (a channels-last weight gets a channels-last gradient).
-    const MemoryFormat format = leaf_.suggest_memory_format();
+    const MemoryFormat format = leaf.suggest_memory_format();
     m.grad = sole_owner(grad, format) ? grad : kernels::clone(grad, format);
   } else {
     kernels::add_(m.grad, grad);  // in place: the .grad buffer may be a view DDP watches
   }
-  for (auto& hook : m.post_accumulate_hooks) hook(leaf_);
+}
+
+void run_hooks(const Tensor& leaf) {
+  for (auto& hook : meta(leaf).post_accumulate_hooks) hook(leaf);
+}
+}  // namespace
+
+std::vector<Tensor> AccumulateGrad::apply(Tensor grad) {
+  AutogradMeta& m = meta(leaf_);
+  detail::SideWork* side = detail::current_side_work();
+  const uint64_t item = side != nullptr ? side->item_of(grad) : 0;
+  if (item == 0) {
+    if (side != nullptr) side->join_for(m.grad);  // .grad may still be being added into beside backward
+    accumulate(m, leaf_, grad);
+    run_hooks(leaf_);
+    return {};
+  }
+  // The gradient is still being made on the side stream: accumulate there too (after it, and after
+  // the compute stream's work so far), and run the hooks once that is joined.
+  uint64_t done = item;
+  if (m.grad.defined() || !sole_owner(grad, leaf_.suggest_memory_format())) {
+    done = side->launch(
+        grad.device().index, {grad, m.grad}, [&] { accumulate(m, leaf_, grad); }, /*counted=*/false);
+  } else {
+    m.grad = grad;  // no kernel: .grad is pending on the gradient's own item
+  }
+  side->mark(m.grad, done);
+  if (!m.post_accumulate_hooks.empty()) side->defer(done, [leaf = leaf_] { run_hooks(leaf); });
   return {};
 }
 
@@ -71,6 +99,15 @@ std::shared_ptr<Node> gradient_edge(const Tensor& t) {
     m->grad_accumulator = acc;
   }
   return acc;
+}
+
+bool gradient_reaches_leaf(const Tensor& t) {
+  std::shared_ptr<Node> node = gradient_edge(t);
+  while (node && !dynamic_cast<AccumulateGrad*>(node.get())) {
+    if (!node->takes_gradients_beside() || node->next.size() != 1) return false;  // not a view
+    node = node->next[0];
+  }
+  return node != nullptr;
 }
 
 namespace {
@@ -102,6 +139,14 @@ Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, B
 
 Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, FoldingBackwardFn backward) {
   return record_node(std::move(out), name, inputs, std::move(backward));
+}
+
+Tensor record_view(Tensor out, const char* name, const std::vector<Tensor>& inputs, BackwardFn backward) {
+  Tensor result = record_node(std::move(out), name, inputs, std::move(backward));
+  if (result.autograd_meta() != nullptr && result.autograd_meta()->grad_fn) {
+    static_cast<FunctionNode&>(*result.autograd_meta()->grad_fn).set_views_gradient_only();
+  }
+  return result;
 }
 
 }  // namespace tandem::autograd

@@ -41,6 +41,10 @@ class Node {
   // apply, with `pending` (defined) added into the returned gradient for input 0.
   virtual std::vector<Tensor> apply_folding(Tensor grad_output, const Tensor& pending);
   virtual std::string name() const = 0;
+  // Whether the node may be handed a gradient still being made beside backward (side_stream.h)
+  // without the engine joining it first: its backward only re-views the gradient, or (a leaf's
+  // accumulation) orders its own work after it.
+  virtual bool takes_gradients_beside() const { return false; }
   // Frees what the backward saved; called after the node ran unless the graph is retained.
   virtual void release() {}
 
@@ -67,6 +71,9 @@ class FunctionNode : public Node {
   FunctionNode(std::string name, BackwardFn backward) : name_(std::move(name)), backward_(std::move(backward)) {}
   FunctionNode(std::string name, FoldingBackwardFn backward)
       : name_(std::move(name)), folding_backward_(std::move(backward)) {}
+  // For record_view: a backward that launches nothing on the gradient.
+  void set_views_gradient_only() { views_gradient_only_ = true; }
+  bool takes_gradients_beside() const override { return views_gradient_only_; }
   std::vector<Tensor> apply(Tensor grad_output) override;
   bool folds_pending() const override { return folding_backward_ != nullptr; }
   std::vector<Tensor> apply_folding(Tensor grad_output, const Tensor& pending) override;
@@ -82,6 +89,7 @@ class FunctionNode : public Node {
   std::string name_;
   BackwardFn backward_;                 // one of the two is set; both null once released
   FoldingBackwardFn folding_backward_;
+  bool views_gradient_only_ = false;
 };
 
 // The node at a leaf: adds the incoming gradient into leaf.grad, then runs the leaf's hooks.
@@ -90,6 +98,7 @@ class AccumulateGrad : public Node {
   explicit AccumulateGrad(Tensor leaf) : leaf_(std::move(leaf)) {}
   std::vector<Tensor> apply(Tensor grad_output) override;
   std::string name() const override { return "AccumulateGrad"; }
+  bool takes_gradients_beside() const override { return true; }
 
  private:
   Tensor leaf_;
@@ -101,6 +110,10 @@ AutogradMeta& meta(const Tensor& t);
 // requires grad, or null.
 std::shared_ptr<Node> gradient_edge(const Tensor& t);
 
+// Whether t's gradient reaches a leaf's accumulation with nothing but views in between (a weight,
+// or its transpose): what backward may compute beside the other nodes (side_stream.h).
+bool gradient_reaches_leaf(const Tensor& t);
+
 // Records `backward` as the grad_fn of `out` when grad mode is on and any input requires grad;
 // returns out. The backward receives d(loss)/d(out) and returns one gradient per input.
 // Tensors the backward needs should be captured through saved() so the graph holds no cycles.
@@ -108,6 +121,9 @@ Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, B
 // The same for a backward that can fold the pending gradient of its first input (see
 // Node::folds_pending).
 Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, FoldingBackwardFn backward);
+// The same for a view op whose backward only views its gradient again (transpose, permute): no
+// kernel reads the gradient, so the engine hands it one still being made beside backward.
+Tensor record_view(Tensor out, const char* name, const std::vector<Tensor>& inputs, BackwardFn backward);
 // A tensor to capture in a backward function: same data, no autograd history.
 inline Tensor saved(const Tensor& t) { return t.detach(); }
 

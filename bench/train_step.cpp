@@ -80,6 +80,8 @@ struct Config {
   bool deterministic = false;
   // bf16: AdamW keeps each f32 master as the parameter plus a 16-bit low half (optim/optimizer.h).
   bool compact_masters = false;
+  // Weight-gradient products on a second stream beside the rest of backward (autograd/side_stream.h).
+  bool weight_gradients_beside = false;
 };
 
 double median(std::vector<double> v) {
@@ -92,6 +94,7 @@ int run_benchmark(const Config& cfg) {
   // Off also means the MPI group posts collectives without exchanging their fingerprints first.
   if (cfg.dist_checks == "off") setenv("TANDEM_DIST_DEBUG", "off", 0);
   if (cfg.deterministic) use_deterministic_algorithms(true);
+  if (cfg.weight_gradients_beside) autograd::set_weight_gradients_beside(true);
   if (cfg.autotune) {
     cuda::set_matmul_autotune(true);
     cuda::set_cudnn_benchmark(true);
@@ -376,7 +379,8 @@ int run_benchmark(const Config& cfg) {
                                                        {"edges", graphed->graph().num_edges()},
                                                        {"pool_bytes", graphed->graph().pool_bytes()}})
                              : nlohmann::ordered_json(nullptr)},
-      {"host_issue_ms", host_issue_ms.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(median(host_issue_ms))},
+      {"host_issue_ms",
+       host_issue_ms.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(median(host_issue_ms))},
       {"samples_per_s", samples_per_s},
       {"tokens_per_s", spec.name == "gpt2" ? nlohmann::ordered_json(samples_per_s * tokens) : nullptr},
       {"peak_memory_bytes", on_gpu ? nlohmann::ordered_json(cuda::max_memory_allocated(device.index)) : nullptr},
@@ -392,6 +396,7 @@ int run_benchmark(const Config& cfg) {
       {"peak_memory_bytes_per_rank", peaks},
       {"deterministic", are_deterministic_algorithms_enabled()},
       {"autotune", cfg.autotune},
+      {"weight_gradients_beside", autograd::weight_gradients_beside()},
       {"params_hash", are_deterministic_algorithms_enabled() ? nlohmann::ordered_json(params_hash) : nullptr},
   };
 
@@ -482,6 +487,9 @@ int main(int argc, char** argv) {
                "GPU: time the candidate algorithms of each matrix product (cuBLASLt) and convolution (cuDNN) at "
                "first use and keep the fastest, like PyTorch's TunableOp and cudnn.benchmark (ignored with "
                "--deterministic)");
+  app.add_flag("--weight-gradients-beside", cfg.weight_gradients_beside,
+               "GPU: run backward's weight-gradient products on a second stream beside the rest of backward "
+               "(the same bits; also TANDEM_WEIGHT_GRADIENTS_BESIDE=1)");
   app.add_flag("--deterministic", cfg.deterministic,
                "deterministic mode (same bits run to run); prints and writes a hash of the final parameters");
   CLI11_PARSE(app, argc, argv);

@@ -42,6 +42,9 @@ StreamHandle current_stream_handle(int device);  // tandem's compute stream unle
 // busy: at the device's highest priority or at the default one, made once per device and priority
 // and kept for the process.
 StreamHandle collective_stream(int device, bool highest_priority);
+// A second non-blocking compute stream per device (default priority, kept for the process), for
+// work that runs beside the compute stream: backward's weight gradients (autograd/side_stream.h).
+StreamHandle side_stream(int device);
 
 // cudaSetDevice: `device` is the calling thread's current device from now on.
 void set_device(int device);

@@ -84,6 +84,54 @@ LinearForward linear_forward(const Tensor& x, const Tensor& weight, const Tensor
   return result;
 }
 
+LinearActivationGrads linear_backward_activation(const Tensor& grad_out, const Tensor& pre, Activation act,
+                                                 bool need_bias) {
+  TANDEM_CHECK_AS(ValueError, act == Activation::none || (pre.defined() && pre.shape() == grad_out.shape()),
+                  "linear_backward: the activation's gradient needs the pre-activation shaped ",
+                  shape_str(grad_out.shape()));
+  LinearActivationGrads result;
+  result.grad = as_matrix(grad_out);  // (M, N)
+  if (act == Activation::gelu_tanh) {
+    if (need_bias && grad_out.device().is_cuda()) {
+      // GELU's backward and the bias gradient (d pre's column sums) in one pass; the weight's
+      // product then needs no bias-gradient epilogue.
+      const int64_t n = result.grad.shape()[1];
+      Tensor d_pre = empty(result.grad.shape(), result.grad.options());  // (M, N)
+      result.bias = empty({n}, result.grad.options());                   // (N,)
+      cuda::gelu_backward_column_sums(result.grad, as_matrix(pre), d_pre, result.bias);
+      result.grad = d_pre;
+    } else {
+      result.grad = unary_backward(UnaryOp::gelu_tanh, result.grad, as_matrix(pre));  // d pre (M, N)
+    }
+  }
+  return result;
+}
+
+Tensor linear_backward_input(const Tensor& grad, const Tensor& weight, const Shape& x_shape) {
+  return views::reshape(matmul(grad, weight), x_shape);  // (M, N) @ (N, K)
+}
+
+LinearGrads linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& weight, bool need_weight,
+                                   bool need_bias) {
+  const int64_t n = weight.shape()[0];
+  LinearGrads grads;
+  if (need_weight) {
+    Tensor x2 = as_matrix(x);  // (M, K)
+    if (fused_on_cuda(grad, n, Activation::none) && grad.numel() > 0 && x2.numel() > 0) {
+      Tensor gw = empty(weight.shape(), weight.options());              // (N, K)
+      Tensor gb = need_bias ? empty({n}, weight.options()) : Tensor();  // (N,)
+      if (cuda::linear_backward_weight(grad, x2, gw, gb)) {
+        grads.weight = gw;
+        if (need_bias) grads.bias = gb;
+        return grads;
+      }
+    }
+    grads.weight = matmul(views::transpose(grad, 0, 1), x2);  // (N, M) @ (M, K)
+  }
+  if (need_bias) grads.bias = reduce(ReduceOp::sum, grad, {0}, false);  // (N,)
+  return grads;
+}
+
 LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& pre,
                             Activation act, bool need_x, bool need_weight, bool need_bias) {
   const int64_t n = weight.shape()[0];
@@ -92,40 +140,11 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
   TANDEM_CHECK_AS(ValueError, !need_weight || (x.defined() && x.shape() == output_shape(grad_out, weight.shape()[1])),
                   "linear_backward: the weight's gradient needs the input, shaped ",
                   shape_str(output_shape(grad_out, weight.shape()[1])));
-  TANDEM_CHECK_AS(ValueError, act == Activation::none || (pre.defined() && pre.shape() == grad_out.shape()),
-                  "linear_backward: the activation's gradient needs the pre-activation shaped ",
-                  shape_str(grad_out.shape()));
-  Tensor g = as_matrix(grad_out);  // (M, N)
-  LinearGrads grads;
-  if (act == Activation::gelu_tanh) {
-    if (need_bias && g.device().is_cuda()) {
-      // GELU's backward and the bias gradient (d pre's column sums) in one pass; the weight's
-      // product below then needs no bias-gradient epilogue.
-      Tensor d_pre = empty(g.shape(), g.options());  // (M, N)
-      grads.bias = empty({n}, g.options());          // (N,)
-      cuda::gelu_backward_column_sums(g, as_matrix(pre), d_pre, grads.bias);
-      g = d_pre;
-    } else {
-      g = unary_backward(UnaryOp::gelu_tanh, g, as_matrix(pre));  // d pre (M, N)
-    }
-  }
-  const bool bias_left = need_bias && !grads.bias.defined();
-  if (need_x)
-    grads.x = views::reshape(matmul(g, weight), output_shape(grad_out, weight.shape()[1]));  // (M, N) @ (N, K)
-  if (need_weight) {
-    Tensor x2 = as_matrix(x);  // (M, K)
-    if (fused_on_cuda(g, n, Activation::none) && g.numel() > 0 && x2.numel() > 0) {
-      Tensor gw = empty(weight.shape(), weight.options());              // (N, K)
-      Tensor gb = bias_left ? empty({n}, weight.options()) : Tensor();  // (N,)
-      if (cuda::linear_backward_weight(g, x2, gw, gb)) {
-        grads.weight = gw;
-        if (bias_left) grads.bias = gb;
-        return grads;
-      }
-    }
-    grads.weight = matmul(views::transpose(g, 0, 1), x2);  // (N, M) @ (M, K)
-  }
-  if (bias_left) grads.bias = reduce(ReduceOp::sum, g, {0}, false);  // (N,)
+  LinearActivationGrads a = linear_backward_activation(grad_out, pre, act, need_bias);
+  Tensor gx = need_x ? linear_backward_input(a.grad, weight, output_shape(grad_out, weight.shape()[1])) : Tensor();
+  LinearGrads grads = linear_backward_weight(a.grad, x, weight, need_weight, need_bias && !a.bias.defined());
+  grads.x = gx;
+  if (a.bias.defined()) grads.bias = a.bias;
   return grads;
 }
 

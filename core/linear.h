@@ -27,6 +27,21 @@ struct LinearGrads {
 LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& pre,
                             Activation act, bool need_x, bool need_weight, bool need_bias);
 
+// The pieces linear_backward is made of, for a caller that runs them apart (autograd runs the
+// weight's product on a second stream, beside the rest of backward: autograd/side_stream.h).
+struct LinearActivationGrads {
+  Tensor grad;  // (M, N): d pre, or grad_out as a contiguous matrix when act is none
+  Tensor bias;  // (N,): the bias gradient where the activation's pass summed it (gelu on CUDA)
+};
+LinearActivationGrads linear_backward_activation(const Tensor& grad_out, const Tensor& pre, Activation act,
+                                                 bool need_bias);
+// dx shaped x_shape from grad (M, N), LinearActivationGrads::grad.
+Tensor linear_backward_input(const Tensor& grad, const Tensor& weight, const Shape& x_shape);
+// dW (N, K) when need_weight and db (N,) when need_bias, from grad (M, N) and x (..., K) (the bias
+// gradient in the weight product's BGRADB epilogue on CUDA).
+LinearGrads linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& weight, bool need_weight,
+                                   bool need_bias);
+
 // The input gradient of a linear layer whose input was gelu_tanh(pre), for the two-layer GELU MLP:
 // grad_out (..., N), weight (N, K), pre (..., K) -> d pre (..., K). One cuBLASLt matmul with the
 // DGELU epilogue where input_gelu_in_epilogue says so; elsewhere matmul and gelu's backward.

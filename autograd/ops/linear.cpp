@@ -1,9 +1,10 @@
 // The linear layer as one differentiable op: out = act(x @ weight^T + bias). The forward keeps the
 // pre-activation when there is an activation; the backward takes the activation's gradient, then
 // dx = d @ W, and dW = d^T @ x with the bias gradient (the column sums of d) from the same call
-// on CUDA (cuBLASLt's BGRADB epilogue).
+// on CUDA (cuBLASLt's BGRADB epilogue), beside the rest of backward (autograd/side_stream.h).
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
+#include "tandem/autograd/side_stream.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem {
@@ -18,10 +19,17 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
   // x is kept only when the weight's gradient (which reads it) is wanted.
   return record(f.out, "linear", {x, weight, bias},
                 [sx = need_w ? saved(x) : Tensor(), sw = saved(weight), pre = f.pre.defined() ? saved(f.pre) : Tensor(),
-                 activation, need_x, need_w, need_b](const Tensor& g) -> std::vector<Tensor> {
-                  kernels::LinearGrads grads =
-                      kernels::linear_backward(g, sx, sw, pre, activation, need_x, need_w, need_b);
-                  return {grads.x, grads.weight, grads.bias};
+                 x_shape = x.shape(), activation, need_x, need_w, need_b](const Tensor& g) -> std::vector<Tensor> {
+                  // d pre (M, N), and the bias gradient where the activation's pass sums it
+                  kernels::LinearActivationGrads a = kernels::linear_backward_activation(g, pre, activation, need_b);
+                  Tensor gx = need_x ? kernels::linear_backward_input(a.grad, sw, x_shape) : Tensor();  // like x
+                  const bool bias_left = need_b && !a.bias.defined();
+                  if (!need_w && !bias_left) return {gx, Tensor(), a.bias};
+                  std::vector<Tensor> w = autograd::run_beside({a.grad, sx}, [&]() -> std::vector<Tensor> {
+                    kernels::LinearGrads grads = kernels::linear_backward_weight(a.grad, sx, sw, need_w, bias_left);
+                    return {grads.weight, grads.bias};  // (N, K), (N,)
+                  });
+                  return {gx, w[0], bias_left ? w[1] : a.bias};
                 });
 }
 

@@ -2,6 +2,7 @@
 // and broadcast batch dims summed back.
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
+#include "tandem/autograd/side_stream.h"
 #include "tandem/core/kernels.h"
 #include "tandem/core/views.h"
 
@@ -20,8 +21,10 @@ bool is_transposed_matrix(const Tensor& x) {
 Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor out = kernels::matmul(a, b);
   bool need_a = a.requires_grad(), need_b = b.requires_grad();
+  // b's gradient runs beside the rest of backward when only a leaf reads it (a weight).
+  const bool b_beside = need_b && autograd::gradient_reaches_leaf(b);
   return record(out, "matmul", {a, b},
-                [sa = saved(a), sb = saved(b), need_a, need_b](const Tensor& g) -> std::vector<Tensor> {
+                [sa = saved(a), sb = saved(b), need_a, need_b, b_beside](const Tensor& g) -> std::vector<Tensor> {
                   // Work on the promoted operands: a (..., M, K), b (..., K, N), g (..., M, N).
                   Tensor a2 = sa.dim() == 1 ? views::unsqueeze(sa, 0) : sa;
                   Tensor b2 = sb.dim() == 1 ? views::unsqueeze(sb, 1) : sb;
@@ -33,16 +36,16 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                     ga = kernels::matmul(g2, views::transpose(b2, -1, -2));
                     ga = views::reshape(kernels::sum_to(ga, a2.shape()), sa.shape());
                   }
-                  if (need_b) {
+                  auto b_gradient = [&]() -> std::vector<Tensor> {
                     if (is_transposed_matrix(sb) && a2.dim() == 2 && g2.dim() == 2) {
                       // b is the transpose of a contiguous weight (a tied output head): its gradient
                       // is computed as (g^T a)^T, so it reaches the weight contiguous.
-                      gb = views::transpose(kernels::matmul(views::transpose(g2, 0, 1), a2), 0, 1);
-                    } else {
-                      gb = kernels::matmul(views::transpose(a2, -1, -2), g2);
-                      gb = views::reshape(kernels::sum_to(gb, b2.shape()), sb.shape());
+                      return {views::transpose(kernels::matmul(views::transpose(g2, 0, 1), a2), 0, 1)};
                     }
-                  }
+                    Tensor gb = kernels::matmul(views::transpose(a2, -1, -2), g2);
+                    return {views::reshape(kernels::sum_to(gb, b2.shape()), sb.shape())};
+                  };
+                  if (need_b) gb = b_beside ? autograd::run_beside({g2, a2}, b_gradient)[0] : b_gradient()[0];
                   return {ga, gb};
                 });
 }

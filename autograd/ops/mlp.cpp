@@ -1,12 +1,14 @@
 // The transformer's two-layer GELU MLP as one differentiable op:
 //   pre = x W_fc^T + b_fc, h = gelu_tanh(pre), y = h W_proj^T + b_proj.
-// Backward, from g = dy: the projection's weight and bias gradients (dW_proj = g^T h, BGRADB on
-// CUDA); then d pre = gelu'(pre) * (g W_proj), in one matmul with the DGELU epilogue in 16 bits
-// from 4096 rows on CUDA, else as the linear op does it (the matmul, then GELU's backward with fc's
-// bias gradient in one pass on CUDA); and fc's input, weight and bias gradients from d pre. Saved:
-// x, pre and h, as the two linear ops would keep them.
+// Backward, from g = dy: d pre = gelu'(pre) * (g W_proj), in one matmul with the DGELU epilogue in
+// 16 bits from 4096 rows on CUDA, else as the linear op does it (the matmul, then GELU's backward
+// with fc's bias gradient in one pass on CUDA); then fc's input gradient from d pre. The two weight
+// gradients (dW_proj = g^T h and dW_fc = d pre^T x, with their bias gradients in cuBLASLt's BGRADB
+// epilogue where GELU's pass did not sum them) run beside the rest of backward
+// (autograd/side_stream.h). Saved: x, pre and h, as the two linear ops would keep them.
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
+#include "tandem/autograd/side_stream.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem {
@@ -26,22 +28,43 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
   return record(
       proj.out, "gelu_mlp", {x, fc_weight, fc_bias, proj_weight, proj_bias},
       [sx = need_fc_w ? saved(x) : Tensor(), s_fc_w = saved(fc_weight), s_proj_w = saved(proj_weight),
-       pre = saved(fc.pre), h = need_proj_w ? saved(fc.out) : Tensor(), need_x, need_fc_w, need_fc_b, need_proj_w,
-       need_proj_b, need_pre](const Tensor& g) -> std::vector<Tensor> {
-        // GELU's backward in the DGELU epilogue of the product that makes d h, or (elsewhere) after
-        // that product, in one pass with fc's bias gradient.
-        const bool dgelu = need_pre && kernels::input_gelu_in_epilogue(g, s_proj_w);
-        // (..., C') -> dW_proj (C', H), db_proj (C',), and d h (..., H) without DGELU
-        kernels::LinearGrads proj_grads = kernels::linear_backward(
-            g, h, s_proj_w, Tensor(), Activation::none, /*need_x=*/need_pre && !dgelu, need_proj_w, need_proj_b);
-        if (!need_pre) return {Tensor(), Tensor(), Tensor(), proj_grads.weight, proj_grads.bias};
-        // fc's bias gradient: after DGELU from its weight gradient's matmul (BGRADB) on CUDA.
-        kernels::LinearGrads fc_grads =
-            dgelu ? kernels::linear_backward(kernels::linear_backward_input_gelu(g, s_proj_w, pre), sx, s_fc_w,
-                                             Tensor(), Activation::none, need_x, need_fc_w, need_fc_b)
-                  : kernels::linear_backward(proj_grads.x, sx, s_fc_w, pre, Activation::gelu_tanh, need_x, need_fc_w,
-                                             need_fc_b);
-        return {fc_grads.x, fc_grads.weight, fc_grads.bias, proj_grads.weight, proj_grads.bias};
+       pre = saved(fc.pre), h = need_proj_w ? saved(fc.out) : Tensor(), x_shape = x.shape(), need_x, need_fc_w,
+       need_fc_b, need_proj_w, need_proj_b, need_pre](const Tensor& g) -> std::vector<Tensor> {
+        Tensor g2 = kernels::linear_backward_activation(g, Tensor(), Activation::none, false).grad;  // (M, C')
+        // d pre (M, H), and fc's bias gradient where GELU's backward pass sums it: GELU's backward in
+        // the DGELU epilogue of the product that makes d h, or (elsewhere) after that product, in
+        // one pass with fc's bias gradient.
+        kernels::LinearActivationGrads fc_a;
+        if (need_pre) {
+          if (kernels::input_gelu_in_epilogue(g, s_proj_w)) {
+            fc_a = kernels::linear_backward_activation(kernels::linear_backward_input_gelu(g, s_proj_w, pre), Tensor(),
+                                                       Activation::none, false);
+          } else {
+            Tensor dh = kernels::linear_backward_input(g2, s_proj_w, pre.shape());  // (..., H)
+            fc_a = kernels::linear_backward_activation(dh, pre, Activation::gelu_tanh, need_fc_b);
+          }
+        }
+        // The projection's weight and bias gradients (dW_proj = g^T h, BGRADB on CUDA), beside.
+        std::vector<Tensor> proj = {Tensor(), Tensor()};
+        if (need_proj_w || need_proj_b) {
+          proj = autograd::run_beside({g2, h}, [&]() -> std::vector<Tensor> {
+            kernels::LinearGrads w = kernels::linear_backward_weight(g2, h, s_proj_w, need_proj_w, need_proj_b);
+            return {w.weight, w.bias};  // (C', H), (C',)
+          });
+        }
+        if (!need_pre) return {Tensor(), Tensor(), Tensor(), proj[0], proj[1]};
+        Tensor gx = need_x ? kernels::linear_backward_input(fc_a.grad, s_fc_w, x_shape) : Tensor();  // like x
+        // fc's weight gradient, and its bias gradient (BGRADB) where GELU's pass did not sum it, beside.
+        const bool fc_bias_left = need_fc_b && !fc_a.bias.defined();
+        std::vector<Tensor> fc = {Tensor(), fc_a.bias};
+        if (need_fc_w || fc_bias_left) {
+          fc = autograd::run_beside({fc_a.grad, sx}, [&]() -> std::vector<Tensor> {
+            kernels::LinearGrads w = kernels::linear_backward_weight(fc_a.grad, sx, s_fc_w, need_fc_w, fc_bias_left);
+            return {w.weight, w.bias};  // (H, C), (H,)
+          });
+          if (!fc_bias_left) fc[1] = fc_a.bias;
+        }
+        return {gx, fc[0], fc[1], proj[0], proj[1]};
       });
 }
 

@@ -10,6 +10,7 @@
 namespace tandem {
 
 using autograd::record;
+using autograd::record_view;
 
 namespace {
 Tensor reshape_backward_node(const Tensor& x, Tensor out, const char* name) {
@@ -38,14 +39,13 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& order) {
   Tensor out = views::permute(x, order);
   std::vector<int64_t> inverse(order.size());
   for (size_t i = 0; i < order.size(); ++i) inverse[wrap_dim(order[i], x.dim(), "permute")] = static_cast<int64_t>(i);
-  return record(out, "permute", {x}, [inverse](const Tensor& g) -> std::vector<Tensor> {
-    return {views::permute(g, inverse)};
-  });
+  return record_view(out, "permute", {x},
+                     [inverse](const Tensor& g) -> std::vector<Tensor> { return {views::permute(g, inverse)}; });
 }
 
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
   Tensor out = views::transpose(x, dim0, dim1);
-  return record(out, "transpose", {x}, [dim0, dim1](const Tensor& g) -> std::vector<Tensor> {
+  return record_view(out, "transpose", {x}, [dim0, dim1](const Tensor& g) -> std::vector<Tensor> {
     return {views::transpose(g, dim0, dim1)};
   });
 }

@@ -112,6 +112,11 @@ StreamHandle collective_stream(int device, bool highest_priority) {
   return (highest_priority ? highest : default_priority)->get(device);
 }
 
+StreamHandle side_stream(int device) {
+  static auto* streams = new StreamPerDevice(false);
+  return streams->get(device);
+}
+
 void set_device(int device) { TANDEM_CUDA_CHECK(cudaSetDevice(device)); }
 
 StreamGuard::StreamGuard(int device, StreamHandle stream) : device_(device) {

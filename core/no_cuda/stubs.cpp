@@ -22,6 +22,7 @@ void profiler_start() {}
 void profiler_stop() {}
 StreamHandle current_stream_handle(int) { no_cuda("current_stream_handle"); }
 StreamHandle collective_stream(int, bool) { no_cuda("collective_stream"); }
+StreamHandle side_stream(int) { no_cuda("side_stream"); }
 void set_device(int device) { no_cuda(("set_device(" + std::to_string(device) + ")").c_str()); }
 DeviceGuard::DeviceGuard(int device) { no_cuda(("DeviceGuard(cuda:" + std::to_string(device) + ")").c_str()); }
 DeviceGuard::~DeviceGuard() = default;

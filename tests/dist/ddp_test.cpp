@@ -7,6 +7,7 @@
 #include "dist/dist_test_util.h"
 #include "support/test_util.h"
 #include "tandem/amp/grad_scaler.h"
+#include "tandem/autograd/side_stream.h"
 #include "tandem/core/determinism.h"
 #include "tandem/dist/ddp.h"
 #include "tandem/optim/adamw.h"
@@ -294,6 +295,62 @@ TEST(Ddp, CapturedStepReplaysTheEagerBits) {
     }
     EXPECT_NE(losses[0].front(), losses[0].back());  // it trained
   }
+  use_deterministic_algorithms(deterministic_before);
+}
+
+// With weight gradients beside backward (autograd/side_stream.h) DDP's hooks run once each item is
+// joined and its buckets' all-reduces wait for the side stream: eager steps and replayed ones give
+// the bits of steps without it. GPUs with NCCL only (any world size); skips on the CPU.
+TEST(Ddp, WeightGradientsBesideGiveTheSameBitsEagerAndReplayed) {
+  const dist::World& w = dist::world();
+  if (!w.gpu_group) GTEST_SKIP() << "needs a GPU per rank with NCCL";
+  const bool deterministic_before = are_deterministic_algorithms_enabled();
+  const bool beside_before = autograd::weight_gradients_beside();
+  use_deterministic_algorithms(true);
+  constexpr int kWarmup = 3, kSteps = 10;
+  struct Run {
+    bool beside, graphed;
+  };
+  std::vector<std::vector<Tensor>> params;  // per run: the parameters after the last step, on the CPU
+  for (Run run : {Run{false, false}, Run{true, false}, Run{true, true}}) {
+    SCOPED_TRACE(::testing::Message() << (run.beside ? "beside" : "one stream") << (run.graphed ? ", replayed" : ""));
+    autograd::set_weight_gradients_beside(run.beside);
+    TensorOptions o(DType::bf16, test_device());
+    manual_seed(43);
+    auto model = std::make_shared<nn::Sequential>(
+        std::vector<std::shared_ptr<nn::Module>>{std::make_shared<nn::Linear>(64, 256, Activation::gelu_tanh, true, o),
+                                                 std::make_shared<nn::Linear>(256, 256, Activation::gelu_tanh, true, o),
+                                                 std::make_shared<nn::Linear>(256, 8, true, o)});
+    DistributedDataParallel ddp(model, dist::DdpOptions{0.05, 0.02});  // buckets of a few layers
+    optim::AdamW opt(model->parameters(), {1e-2});
+    auto step = [&](const std::vector<Tensor>& in) {
+      opt.zero_grad();
+      cross_entropy(to(ddp(in[0]), DType::f32), in[1]).backward();
+      ddp.step(opt);
+    };
+    auto batch = [&](int i) {
+      Generator gen(700 + 10 * i + w.rank);  // each rank's own batch
+      return std::vector<Tensor>{to(to(randn({128, 64}, DType::f32, &gen), DType::bf16), test_device()),
+                                 to(randint(0, 8, {128}, DType::i64, &gen), test_device())};
+    };
+    train::GraphedStepOptions graph_options;
+    graph_options.warmup_steps = kWarmup;
+    train::GraphedStep graph(batch(0), step, graph_options);
+    for (int i = 0; i < kWarmup + kSteps; ++i) {
+      if (run.graphed)
+        graph.run(batch(i));
+      else
+        step(batch(i));
+    }
+    params.emplace_back();
+    for (const Tensor& p : model->parameters()) params.back().push_back(to(p, Device("cpu")));
+  }
+  for (size_t r = 1; r < params.size(); ++r) {
+    for (size_t i = 0; i < params[0].size(); ++i) {
+      EXPECT_TRUE(testing::all_close(params[r][i], params[0][i], 0, 0)) << "run " << r << ", parameter " << i;
+    }
+  }
+  autograd::set_weight_gradients_beside(beside_before);
   use_deterministic_algorithms(deterministic_before);
 }
 
