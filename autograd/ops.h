@@ -197,6 +197,8 @@ Tensor embedding(const Tensor& indices, const Tensor& weight);
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training;
 // the identity otherwise. Draws from `generator` (the default generator when null).
 Tensor dropout(const Tensor& x, double p, bool training, Generator* generator = nullptr);
+// Mean (or sum, or each) of (input - target)^2. 16-bit operands are computed in f32 and the result
+// is f32, as torch.autocast runs mse_loss; the gradient comes back in input's dtype.
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
 
 // Attention over q (B, H, Tq, D), k and v (B, H, Tk, D), any strides: softmax(q k^T * scale

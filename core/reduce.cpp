@@ -90,7 +90,9 @@ SquaredErrorWithGrad squared_error_with_grad(const Tensor& input, const Tensor& 
                   " and target ", shape_str(target.shape()), " must have the same shape");
   TANDEM_CHECK_AS(TypeError, input.dtype() == target.dtype(), "mse_loss: input is ", input.dtype(),
                   " but target is ", target.dtype(), "; they must have the same dtype");
-  SquaredErrorWithGrad result{empty({}, input.options()), empty(input.shape(), input.options())};
+  const DType loss_dtype = is_half(input.dtype()) ? DType::f32 : input.dtype();  // the compute type
+  SquaredErrorWithGrad result{empty({}, TensorOptions(loss_dtype, input.device())),
+                              empty(input.shape(), input.options())};  // (), like input
   if (input.numel() == 0) {  // as the composed mean and sum give: NaN and 0
     fill_(result.loss, mean ? std::numeric_limits<double>::quiet_NaN() : 0.0);
     return result;

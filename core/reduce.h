@@ -22,10 +22,12 @@ Tensor sum_to(const Tensor& grad, const Shape& shape);
 // The mean (or sum) of (input - target)^2 over every element and, from the same pass, its
 // gradient with respect to input for an upstream gradient of 1: grad = 2 * (unit * (input -
 // target)), unit = 1 / numel for the mean (rounded to the compute type) and 1 for the sum, in the
-// compute type (f32 for 16-bit inputs) and rounded once to input's dtype. For f32 and f64 these are
-// the bits the composed ops' backward gives. input and target: one shape, floating dtype and device.
+// compute type (f32 for 16-bit inputs) and rounded once to input's dtype. These are the bits the
+// composed ops' backward gives (for 16-bit inputs: the ops on inputs converted to f32, then the
+// conversion's backward). The loss is in the compute type. input and target: one shape, floating
+// dtype and device.
 struct SquaredErrorWithGrad {
-  Tensor loss;  // (), input's dtype
+  Tensor loss;  // (), f32 for 16-bit inputs, else input's dtype
   Tensor grad;  // input's shape and dtype, contiguous
 };
 SquaredErrorWithGrad squared_error_with_grad(const Tensor& input, const Tensor& target, bool mean);

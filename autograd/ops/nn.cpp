@@ -133,13 +133,15 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
                   " and target ", shape_str(target.shape()), " must have the same shape");
   // A scalar loss that will be differentiated for its input gets the gradient from the forward's
   // own pass (for an upstream gradient of 1; backward scales it only if that is not 1): one
-  // kernel instead of a subtraction, a square, a reduction and their backward kernels. As for
-  // cross_entropy, not for f16, where 2 (input - target) / N can flush to zero before a loss
-  // scale multiplies it; the composed ops below cover every other case.
-  const bool with_grad = reduction != Reduction::none && is_floating(input.dtype()) && input.dtype() != DType::f16 &&
+  // kernel instead of a subtraction, a square, a reduction and their backward kernels.
+  const bool with_grad = reduction != Reduction::none && is_floating(input.dtype()) &&
                          input.dtype() == target.dtype() && input.device() == target.device() &&
                          GradMode::is_enabled() && input.requires_grad() && !target.requires_grad();
-  if (with_grad) {
+  // bf16 operands go in as they are: the kernel computes in f32, returns an f32 loss and rounds the
+  // gradient once to bf16. Not f16, where 2 (input - target) / N can flush to zero before a loss
+  // scale multiplies it: f16 takes the conversions below, whose backward converts the scaled f32
+  // gradient.
+  if (with_grad && input.dtype() != DType::f16) {
     kernels::SquaredErrorWithGrad f = kernels::squared_error_with_grad(input, target, reduction == Reduction::mean);
     const DType stat = input.dtype() == DType::f64 ? DType::f64 : DType::f32;
     return record(f.loss, "mse_loss", {input}, [grad = f.grad, stat](const Tensor& g) -> std::vector<Tensor> {
@@ -147,6 +149,12 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
       // second backward must find it unchanged.
       return {kernels::scale_unless_one(grad, kernels::to_dtype(g, stat), autograd::backward_releases_saved())};
     });
+  }
+  // 16-bit operands are computed in f32 and give an f32 loss, as torch.autocast runs mse_loss (the
+  // f16 gradient of a loss kept in f16 would be a loss scale itself: 65536 is past f16's largest).
+  if (is_half(input.dtype()) || is_half(target.dtype())) {
+    auto in_f32 = [](const Tensor& t) { return is_half(t.dtype()) ? to(t, DType::f32) : t; };
+    return mse_loss(in_f32(input), in_f32(target), reduction);
   }
   Tensor diff = sub(input, target);
   Tensor squared = mul(diff, diff);

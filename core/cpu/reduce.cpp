@@ -219,7 +219,7 @@ void squared_error_with_grad(const Tensor& input, const Tensor& target, bool mea
       g[i] = T(half + half);
       squares += static_cast<double>(d) * static_cast<double>(d);
     }
-    loss.data<T>()[0] = T(static_cast<C>(mean ? squares / static_cast<double>(n) : squares));
+    loss.data<C>()[0] = static_cast<C>(mean ? squares / static_cast<double>(n) : squares);  // in the compute type
   });
 }
 

@@ -393,9 +393,11 @@ void squared_error_with_grad(const Tensor& input, const Tensor& target, bool mea
     launch_dependent(kernel, blocks, kSquaredErrorThreads, 0, stream, device_ptr<const T>(input),
                      device_ptr<const T>(target), n, unit, device_ptr<T>(grad), pp);
     check_launch("mse_loss");
-    T* out = device_ptr<T>(loss);
-    if (mean) launch_combine_partials<ReduceOp::mean, T, A>(pp, 1, blocks, n, out, nullptr, stream, "mse_loss total");
-    else launch_combine_partials<ReduceOp::sum, T, A>(pp, 1, blocks, n, out, nullptr, stream, "mse_loss total");
+    A* out = device_ptr<A>(loss);  // the loss in the compute type (f32 for 16-bit inputs)
+    if (mean)
+      launch_combine_partials<ReduceOp::mean, A, A>(pp, 1, blocks, n, out, nullptr, stream, "mse_loss total");
+    else
+      launch_combine_partials<ReduceOp::sum, A, A>(pp, 1, blocks, n, out, nullptr, stream, "mse_loss total");
   });
 }
 

@@ -338,6 +338,29 @@ TEST(GradcheckReduce, MseLossGradientMatchesTheComposedOps) {
   }
 }
 
+// 16-bit operands are taken in f32, as torch.autocast takes them: the loss is f32 and the gradient
+// (fused for bf16, composed for f16) has the bits of the ops on operands converted to f32 first.
+TEST(GradcheckReduce, MseLossOfSixteenBitOperandsIsTakenInF32) {
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (Reduction reduction : {Reduction::mean, Reduction::sum, Reduction::none}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " reduction " + std::to_string(static_cast<int>(reduction)));
+      Tensor input = to(testing::random_uniform({33, 17}, -2.0, 2.0), dtype).requires_grad_();
+      Tensor target = to(testing::random_uniform({33, 17}, -2.0, 2.0), dtype);
+      Tensor loss = mse_loss(input, target, reduction);
+      EXPECT_EQ(loss.dtype(), DType::f32);
+      sum(loss).backward();
+      Tensor grad = input.grad();
+      ASSERT_TRUE(grad.defined());
+      EXPECT_EQ(grad.dtype(), dtype);
+      input.set_grad(Tensor());
+      Tensor converted = mse_loss(to(input, DType::f32), to(target, DType::f32), reduction);
+      sum(converted).backward();
+      EXPECT_TRUE(testing::all_close(to(grad, DType::f64), to(input.grad(), DType::f64), 0, 0)) << "gradient";
+      EXPECT_TRUE(testing::all_close(to(loss, DType::f64), to(converted, DType::f64), 1e-6, 1e-6)) << "loss";
+    }
+  }
+}
+
 TEST(GradcheckReduce, MseLossOfAnEmptyInput) {
   Tensor input = zeros({0, 3}, TensorOptions(DType::f64)).requires_grad_();
   Tensor target = zeros({0, 3}, TensorOptions(DType::f64));
