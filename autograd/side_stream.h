@@ -32,9 +32,10 @@ namespace tandem::autograd {
 // Whether backward puts weight-gradient products on the side stream. Off by default
 // (TANDEM_WEIGHT_GRADIENTS_BESIDE=1 turns it on at start-up): it is a trade. On one H200 it took
 // 0.4-2% off GPT-2's B8 and B1 T128 bf16 steps and the MLP's, eager and replayed, but made GPT-2
-// B1 T1024's replayed step 1% longer (a CUDA graph forked and joined at every item launched each
-// of its nodes about 0.3 us later, forward included), and an eager step's peak memory grows by
-// what the items hold (the MLP's by 42 MiB). See the README, "Weight gradients beside backward".
+// B1 T1024's replayed step 1% longer (the products beside attention's and layer norm's backward
+// slow them more than the overlap saves; fewer items beside were slower still), and an eager
+// step's peak memory grows by what the items hold (the MLP's by 42 MiB). See the README, "Weight
+// gradients beside backward".
 void set_weight_gradients_beside(bool enabled);
 bool weight_gradients_beside();
 
