@@ -155,7 +155,7 @@ void SideWork::join_all() {
 void SideWork::join_through(uint64_t id, bool run_deferred) {
   while (!items_.empty() && items_.front().id <= id) {
     Item item = std::move(items_.front());
-    items_.pop_front();
+    items_.erase(items_.begin());
     item.done->wait_on(item.compute);
     for (auto it = pending_.begin(); it != pending_.end();) {
       it = it->second <= item.id ? pending_.erase(it) : std::next(it);

@@ -18,7 +18,6 @@
 //
 // Everywhere else (the CPU, no backward running, the mode off) the work runs in place.
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <unordered_map>
@@ -87,8 +86,9 @@ class SideWork {
   };
   void join_through(uint64_t id, bool run_deferred);
 
-  std::deque<Item> items_;                             // not yet joined, oldest first
+  std::vector<Item> items_;                            // not yet joined, oldest first (a few)
   std::unordered_map<const void*, uint64_t> pending_;  // storage -> the item that makes it
+  // Neither allocates until the first item: a backward without side work costs nothing here.
   uint64_t next_id_ = 1;
 };
 
