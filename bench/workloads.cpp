@@ -96,9 +96,7 @@ Batch make_batch(const WorkloadOptions& options, DType dtype, Device device) {
 
 Tensor workload_loss(const std::string& name, const Forward& forward, const Batch& batch) {
   if (name == "mlp") {
-    // mse_loss takes 16-bit operands in f32 and returns an f32 loss, as torch.autocast does: the f16
-    // gradient of a loss kept in f16 would be the scale itself (65536, above f16's largest value),
-    // and unscaled the gradient 2 (y - t) / (B * 1024) of the mean is subnormal in f16.
+    // mse_loss takes 16-bit operands in f32 and returns an f32 loss, as torch.autocast runs it.
     return mse_loss(forward(batch.input), batch.target);
   }
   // Cross-entropy of 16-bit logits is computed and returned in f32.
