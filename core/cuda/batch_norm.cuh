@@ -26,21 +26,6 @@ using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 constexpr int kThreads = 256;
 
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Packed {
-  T v[V];
-};
-
-template <typename T, int V>
-__device__ __forceinline__ Packed<T, V> load_packed(const T* p, int64_t vector_index) {
-  return reinterpret_cast<const Packed<T, V>*>(p)[vector_index];
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void store_packed(T* p, int64_t vector_index, const Packed<T, V>& v) {
-  reinterpret_cast<Packed<T, V>*>(p)[vector_index] = v;
-}
-
 // The output element: the normalised value rounded to T, plus the residual (rounded as the add
 // kernel rounds), then ReLU (as the relu kernel: x > 0 ? x : 0). has_residual false: residual unused.
 template <typename T>

@@ -53,6 +53,23 @@ __host__ __device__ __forceinline__ To cast_to(From v) {
   }
 }
 
+// ---- vectors ----
+// V elements of T loaded or stored as one access (16 bytes at most, aligned to its size).
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Packed {
+  T v[V];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ Packed<T, V> load_packed(const T* p, int64_t vector_index) {
+  return reinterpret_cast<const Packed<T, V>*>(p)[vector_index];
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_packed(T* p, int64_t vector_index, const Packed<T, V>& v) {
+  reinterpret_cast<Packed<T, V>*>(p)[vector_index] = v;
+}
+
 // ---- launching ----
 inline int blocks_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 8) {
   int64_t b = (n + threads - 1) / threads;

@@ -201,11 +201,11 @@ __global__ void scale_unless_one_kernel(const T* x, const acc_t<T>* scale_at, T*
   const A scale = *scale_at;
   if (scale == A(1) && x == out) return;
   const int64_t vectors = n / V;
-  const Vec<T, V>* in = reinterpret_cast<const Vec<T, V>*>(x);  // (vectors,)
-  Vec<T, V>* o = reinterpret_cast<Vec<T, V>*>(out);             // (vectors,)
+  const Packed<T, V>* in = reinterpret_cast<const Packed<T, V>*>(x);  // (vectors,)
+  Packed<T, V>* o = reinterpret_cast<Packed<T, V>*>(out);             // (vectors,)
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vectors; i += stride) {
-    Vec<T, V> p = in[i];
+    Packed<T, V> p = in[i];
 #pragma unroll
     for (int k = 0; k < V; ++k) p.v[k] = cast_to<T>(scale * to_acc(p.v[k]));
     o[i] = p;

@@ -40,15 +40,15 @@ __global__ void __launch_bounds__(32 * kWarps)
   S acc[V] = {};
   if (vector < n / V) {
     for (int64_t r = begin + threadIdx.y; r < end; r += kWarps) {
-      const Vec<T, V> g = reinterpret_cast<const Vec<T, V>*>(dh + r * n)[vector];
-      const Vec<T, V> x = reinterpret_cast<const Vec<T, V>*>(pre + r * n)[vector];
-      Vec<T, V> out;
+      const Packed<T, V> g = reinterpret_cast<const Packed<T, V>*>(dh + r * n)[vector];
+      const Packed<T, V> x = reinterpret_cast<const Packed<T, V>*>(pre + r * n)[vector];
+      Packed<T, V> out;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         out.v[k] = cast_to<T>(gelu_backward(to_acc(g.v[k]), to_acc(x.v[k])));
         acc[k] += static_cast<S>(to_acc(out.v[k]));
       }
-      reinterpret_cast<Vec<T, V>*>(d_pre + r * n)[vector] = out;
+      reinterpret_cast<Packed<T, V>*>(d_pre + r * n)[vector] = out;
     }
   }
 #pragma unroll

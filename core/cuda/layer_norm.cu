@@ -34,11 +34,6 @@ __device__ __forceinline__ A warp_sum(A v) {
 }
 
 template <typename T, int V>
-struct alignas(sizeof(T) * V) Packed {
-  T v[V];
-};
-
-template <typename T, int V>
 __device__ __forceinline__ void load_vector(const T* p, int64_t j, stat_t<acc_t<T>> (&out)[V]) {
   Packed<T, V> pack = reinterpret_cast<const Packed<T, V>*>(p)[j];
 #pragma unroll

@@ -10,11 +10,6 @@ namespace tandem::cuda {
 
 constexpr int kElementwiseThreads = 256;
 
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Vec {
-  T v[V];
-};
-
 template <typename... Ts>
 constexpr int vector_width() {
   constexpr size_t widest = std::max({sizeof(Ts)...});
@@ -55,11 +50,11 @@ __global__ void map1_contiguous(int64_t n, const TA* __restrict__ a, TO* __restr
   int64_t n_vec = n / V;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
-    Vec<TA, V> va = reinterpret_cast<const Vec<TA, V>*>(a)[i];
-    Vec<TO, V> vo;
+    Packed<TA, V> va = reinterpret_cast<const Packed<TA, V>*>(a)[i];
+    Packed<TO, V> vo;
 #pragma unroll
     for (int k = 0; k < V; ++k) vo.v[k] = f(va.v[k]);
-    reinterpret_cast<Vec<TO, V>*>(out)[i] = vo;
+    reinterpret_cast<Packed<TO, V>*>(out)[i] = vo;
   }
   for (int64_t i = n_vec * V + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     out[i] = f(a[i]);
@@ -73,12 +68,12 @@ __global__ void map2_contiguous(int64_t n, const TA* __restrict__ a, const TB* _
   int64_t n_vec = n / V;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
-    Vec<TA, V> va = reinterpret_cast<const Vec<TA, V>*>(a)[i];
-    Vec<TB, V> vb = reinterpret_cast<const Vec<TB, V>*>(b)[i];
-    Vec<TO, V> vo;
+    Packed<TA, V> va = reinterpret_cast<const Packed<TA, V>*>(a)[i];
+    Packed<TB, V> vb = reinterpret_cast<const Packed<TB, V>*>(b)[i];
+    Packed<TO, V> vo;
 #pragma unroll
     for (int k = 0; k < V; ++k) vo.v[k] = f(va.v[k], vb.v[k]);
-    reinterpret_cast<Vec<TO, V>*>(out)[i] = vo;
+    reinterpret_cast<Packed<TO, V>*>(out)[i] = vo;
   }
   for (int64_t i = n_vec * V + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     out[i] = f(a[i], b[i]);
@@ -94,12 +89,12 @@ __global__ void map2_repeating(int64_t n, const TA* __restrict__ a, int64_t peri
   int64_t n_vec = n / V, vectors_a = period_a / V, vectors_b = period_b / V;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
-    Vec<TA, V> va = reinterpret_cast<const Vec<TA, V>*>(a)[i % vectors_a];
-    Vec<TB, V> vb = reinterpret_cast<const Vec<TB, V>*>(b)[i % vectors_b];
-    Vec<TO, V> vo;
+    Packed<TA, V> va = reinterpret_cast<const Packed<TA, V>*>(a)[i % vectors_a];
+    Packed<TB, V> vb = reinterpret_cast<const Packed<TB, V>*>(b)[i % vectors_b];
+    Packed<TO, V> vo;
 #pragma unroll
     for (int k = 0; k < V; ++k) vo.v[k] = f(va.v[k], vb.v[k]);
-    reinterpret_cast<Vec<TO, V>*>(out)[i] = vo;
+    reinterpret_cast<Packed<TO, V>*>(out)[i] = vo;
   }
   for (int64_t i = n_vec * V + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     out[i] = f(a[i % period_a], b[i % period_b]);

@@ -56,7 +56,7 @@ struct TensorSlot {
   // null where unused
   void* ptr[kMaxRoles];
   int64_t numel;
-  int32_t vectorised;  // every pointer is aligned for Vec loads
+  int32_t vectorised;  // every pointer is aligned for Packed loads
 };
 static_assert(sizeof(TensorSlot) % 16 == 0, "the chunk starts after the tensor table stay aligned");
 
@@ -181,20 +181,20 @@ __global__ void __launch_bounds__(kOptimThreads)
     const int64_t n_vec = n / V;
     const int64_t stride = static_cast<int64_t>(blockDim.x);
     for (int64_t first = threadIdx.x; first < n_vec; first += kInFlight * stride) {
-      Vec<T, V> vg[kInFlight];
-      Vec<C, V> vm[kInFlight];  // the working weights: the master's, or the parameter's in C
-      Vec<C, V> vs[kInFlight][KS] = {};
+      Packed<T, V> vg[kInFlight];
+      Packed<C, V> vm[kInFlight];  // the working weights: the master's, or the parameter's in C
+      Packed<C, V> vs[kInFlight][KS] = {};
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
         const int64_t i = first + u * stride;
         if (i >= n_vec) break;
-        vg[u] = reinterpret_cast<const Vec<T, V>*>(g)[i];
+        vg[u] = reinterpret_cast<const Packed<T, V>*>(g)[i];
         if (master != nullptr) {
-          vm[u] = reinterpret_cast<const Vec<C, V>*>(master)[i];
+          vm[u] = reinterpret_cast<const Packed<C, V>*>(master)[i];
         } else {
-          const Vec<T, V> vp = reinterpret_cast<const Vec<T, V>*>(p)[i];
+          const Packed<T, V> vp = reinterpret_cast<const Packed<T, V>*>(p)[i];
           if (halves) {
-            const Vec<uint16_t, V> vl = reinterpret_cast<const Vec<uint16_t, V>*>(low)[i];
+            const Packed<uint16_t, V> vl = reinterpret_cast<const Packed<uint16_t, V>*>(low)[i];
 #pragma unroll
             for (int j = 0; j < V; ++j) vm[u].v[j] = joined_master(vp.v[j], vl.v[j]);
           } else {
@@ -204,15 +204,15 @@ __global__ void __launch_bounds__(kOptimThreads)
         }
 #pragma unroll
         for (int k = 0; k < K; ++k) {
-          if (load_state) vs[u][k] = reinterpret_cast<const Vec<C, V>*>(s[k])[i];
+          if (load_state) vs[u][k] = reinterpret_cast<const Packed<C, V>*>(s[k])[i];
         }
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
         const int64_t i = first + u * stride;
         if (i >= n_vec) break;
-        Vec<T, V> vp;
-        Vec<uint16_t, V> vl;
+        Packed<T, V> vp;
+        Packed<uint16_t, V> vl;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           C st[KS];
@@ -224,11 +224,11 @@ __global__ void __launch_bounds__(kOptimThreads)
 #pragma unroll
           for (int k = 0; k < K; ++k) vs[u][k].v[j] = st[k];
         }
-        reinterpret_cast<Vec<T, V>*>(p)[i] = vp;
-        if (master != nullptr) reinterpret_cast<Vec<C, V>*>(master)[i] = vm[u];
-        if (halves) reinterpret_cast<Vec<uint16_t, V>*>(low)[i] = vl;
+        reinterpret_cast<Packed<T, V>*>(p)[i] = vp;
+        if (master != nullptr) reinterpret_cast<Packed<C, V>*>(master)[i] = vm[u];
+        if (halves) reinterpret_cast<Packed<uint16_t, V>*>(low)[i] = vl;
 #pragma unroll
-        for (int k = 0; k < K; ++k) reinterpret_cast<Vec<C, V>*>(s[k])[i] = vs[u][k];
+        for (int k = 0; k < K; ++k) reinterpret_cast<Packed<C, V>*>(s[k])[i] = vs[u][k];
       }
     }
     done = n_vec * V;
@@ -278,14 +278,14 @@ __global__ void __launch_bounds__(kOptimThreads)
   if (slot.vectorised) {
     const int64_t n_vec = n / V;
     for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
-      Vec<T, V> vg = reinterpret_cast<const Vec<T, V>*>(g)[i];
+      Packed<T, V> vg = reinterpret_cast<const Packed<T, V>*>(g)[i];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const C value = to_acc(vg.v[j]);
         found = found || !isfinite(value);
         vg.v[j] = cast_to<T>(value * unscale);
       }
-      if (inv_scale != nullptr) reinterpret_cast<Vec<T, V>*>(g)[i] = vg;
+      if (inv_scale != nullptr) reinterpret_cast<Packed<T, V>*>(g)[i] = vg;
     }
     done = n_vec * V;
   }

@@ -153,7 +153,7 @@ __global__ void reduce_columns_vectorised(const T* __restrict__ x, int64_t n, in
   if (col < inner) {  // inner % V == 0: all V columns exist
     const T* in = x + o * n * inner + col;
     for (int64_t r = begin + threadIdx.y; r < end; r += kRowsPerBlock) {
-      const Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(in + r * inner);
+      const Packed<T, V> v = *reinterpret_cast<const Packed<T, V>*>(in + r * inner);
 #pragma unroll
       for (int k = 0; k < V; ++k) s[k] = combine(s[k], State<A>{static_cast<A>(to_acc(v.v[k])), r});
     }
@@ -344,12 +344,12 @@ __global__ void __launch_bounds__(kSquaredErrorThreads)
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kSquaredErrorThreads;
   const int64_t vectors = n / V;
   for (int64_t i = first; i < vectors; i += stride) {
-    const Vec<T, V> x = reinterpret_cast<const Vec<T, V>*>(input)[i];
-    const Vec<T, V> y = reinterpret_cast<const Vec<T, V>*>(target)[i];
-    Vec<T, V> g;
+    const Packed<T, V> x = reinterpret_cast<const Packed<T, V>*>(input)[i];
+    const Packed<T, V> y = reinterpret_cast<const Packed<T, V>*>(target)[i];
+    Packed<T, V> g;
 #pragma unroll
     for (int k = 0; k < V; ++k) g.v[k] = one(x.v[k], y.v[k]);
-    reinterpret_cast<Vec<T, V>*>(grad)[i] = g;
+    reinterpret_cast<Packed<T, V>*>(grad)[i] = g;
   }
   for (int64_t i = vectors * V + first; i < n; i += stride) grad[i] = one(input[i], target[i]);
   const A block_squares = Block(temp).Sum(squares);

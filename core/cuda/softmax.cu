@@ -106,11 +106,6 @@ __global__ void softmax_rows(const T* __restrict__ x, T* __restrict__ y, int64_t
 // aligned, n <= kRegisterThreads * V * kItems.
 constexpr int kRegisterThreads = 256;
 
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Packed {
-  T v[V];
-};
-
 template <typename T, int V, int kItems, bool Log>
 __global__ void __launch_bounds__(kRegisterThreads) softmax_rows_in_registers(const T* __restrict__ x, T* __restrict__ y,
                                                                                int64_t n) {
