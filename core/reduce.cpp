@@ -107,9 +107,11 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
   int64_t lead = grad.dim() - static_cast<int64_t>(shape.size());
   TANDEM_CHECK_AS(ValueError, lead >= 0, "sum_to: cannot sum shape ", shape_str(grad.shape()), " down to ",
                   shape_str(shape));
+  // Dims of size 1 need no sum (a batch of one broadcast over, GPT-2's positional embedding at
+  // B 1): when every dim summed over has size 1 the result is a view of grad.
   std::vector<int64_t> dims;
   for (int64_t d = 0; d < grad.dim(); ++d) {
-    if (d < lead || (shape[d - lead] == 1 && grad.shape()[d] != 1)) dims.push_back(d);
+    if (grad.shape()[d] != 1 && (d < lead || shape[d - lead] == 1)) dims.push_back(d);
   }
   Tensor summed = dims.empty() ? grad : reduce(ReduceOp::sum, grad, dims, true);
   return views::reshape(summed, shape);

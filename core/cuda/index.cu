@@ -3,6 +3,12 @@
 // raise, so an out-of-range index gives NaN in a floating output (0 in an integer one) and is
 // skipped by the accumulating kernels; the CPU backend raises IndexError for the same input.
 //
+// index_select and index_add move whole rows of `inner` elements. Where a row is a whole number of
+// 16-byte vectors, at least kMinRowVectors of them, at 16-byte aligned addresses (an embedding's
+// rows), they take row kernels: one warp per (outer, j) row, which reads the row's index once and
+// whose lanes move the row's vectors. Otherwise one thread per element, which finds its row and
+// column by dividing its flat position.
+//
 // index_add and scatter_add accumulate with atomics, whose order varies run to run. Under
 // deterministic mode the floating types take ordered twins instead, which add in the CPU
 // backend's order (ascending source position, rounding to the element type after every add) and
@@ -139,6 +145,117 @@ __global__ void index_add_runs_kernel(T* out, const int64_t* sorted_keys, const 
   }
 }
 
+// ---- row kernels: a warp per (outer, j) row of `vectors` 16-byte vectors ----
+constexpr int kRowWarps = 8;           // rows per block
+constexpr int64_t kMinRowVectors = 8;  // shorter rows leave most of a warp idle: one thread per element
+
+template <typename T>
+constexpr int row_vector() {
+  return 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
+}
+
+// out (outer, k, inner) = x (outer, n, inner) at rows index (k,).
+template <typename T, int V>
+__global__ void __launch_bounds__(32 * kRowWarps)
+    index_select_rows_kernel(const T* __restrict__ x, const int64_t* __restrict__ index, T* __restrict__ out,
+                             int64_t outer, int64_t n, int64_t k, int64_t vectors) {
+  dependent_kernel_begin();
+  const int64_t rows = outer * k, stride = static_cast<int64_t>(gridDim.x) * kRowWarps;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.y; row < rows; row += stride) {
+    const int64_t o = row / k;
+    int64_t r = index[row - o * k];
+    T* to = out + row * vectors * V;  // (inner,)
+    if (wrap_index(r, n)) {
+      const T* from = x + (o * n + r) * vectors * V;  // (inner,)
+      for (int64_t v = threadIdx.x; v < vectors; v += 32) store_packed<T, V>(to, v, load_packed<T, V>(from, v));
+    } else {
+      Packed<T, V> invalid;
+#pragma unroll
+      for (int e = 0; e < V; ++e) invalid.v[e] = invalid_value<T>();
+      for (int64_t v = threadIdx.x; v < vectors; v += 32) store_packed<T, V>(to, v, invalid);
+    }
+  }
+}
+
+// V elements added atomically at p: in pairs for the 16-bit floats (each half of a pair is its own
+// atomic add, as two single adds would be).
+template <typename T, int V>
+__device__ __forceinline__ void atomic_add_vector(T* p, const Packed<T, V>& add) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && V % 2 == 0) {
+#pragma unroll
+    for (int e = 0; e < V; e += 2) {
+      atomicAdd(reinterpret_cast<__nv_bfloat162*>(p + e), __nv_bfloat162(add.v[e], add.v[e + 1]));
+    }
+  } else if constexpr (std::is_same_v<T, __half> && V % 2 == 0) {
+#pragma unroll
+    for (int e = 0; e < V; e += 2) atomicAdd(reinterpret_cast<__half2*>(p + e), __half2(add.v[e], add.v[e + 1]));
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) atomic_add(p + e, add.v[e]);
+  }
+}
+
+// out (outer, n, inner) at rows index (k,) += src (outer, k, inner), atomically.
+template <typename T, int V>
+__global__ void __launch_bounds__(32 * kRowWarps)
+    index_add_rows_kernel(T* out, const int64_t* __restrict__ index, const T* __restrict__ src, int64_t outer,
+                          int64_t n, int64_t k, int64_t vectors) {
+  dependent_kernel_begin();
+  const int64_t rows = outer * k, stride = static_cast<int64_t>(gridDim.x) * kRowWarps;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.y; row < rows; row += stride) {
+    const int64_t o = row / k;
+    int64_t r = index[row - o * k];
+    if (!wrap_index(r, n)) continue;
+    T* to = out + (o * n + r) * vectors * V;  // (inner,)
+    const T* from = src + row * vectors * V;  // (inner,)
+    for (int64_t v = threadIdx.x; v < vectors; v += 32) atomic_add_vector<T, V>(to + v * V, load_packed<T, V>(from, v));
+  }
+}
+
+// Ordered index_add, step 2 by rows: the warp of the row at the start of a run of equal keys adds
+// the run's source rows in ascending source position, rounding after every add, as
+// index_add_runs_kernel does element by element (the same bits).
+template <typename T, int V>
+__global__ void __launch_bounds__(32 * kRowWarps)
+    index_add_runs_rows_kernel(T* out, const int64_t* __restrict__ sorted_keys,
+                               const int64_t* __restrict__ sorted_positions, const T* __restrict__ src, int64_t outer,
+                               int64_t n, int64_t k, int64_t vectors) {
+  dependent_kernel_begin();
+  const int64_t rows = outer * k, stride = static_cast<int64_t>(gridDim.x) * kRowWarps;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.y; row < rows; row += stride) {
+    const int64_t o = row / k, q = row - o * k;
+    const int64_t r = sorted_keys[q];
+    if (r >= n || (q > 0 && sorted_keys[q - 1] == r)) continue;
+    T* to = out + (o * n + r) * vectors * V;  // (inner,)
+    for (int64_t v = threadIdx.x; v < vectors; v += 32) {
+      Packed<T, V> acc = load_packed<T, V>(to, v);
+      for (int64_t t = q; t < k && sorted_keys[t] == r; ++t) {
+        const Packed<T, V> add = load_packed<T, V>(src + (o * k + sorted_positions[t]) * vectors * V, v);
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc.v[e] = add_rounded(acc.v[e], add.v[e]);
+      }
+      store_packed<T, V>(to, v, acc);
+    }
+  }
+}
+
+// Whether rows of `inner` T at these addresses take the row kernels (see the top of this file).
+template <typename T>
+bool takes_rows(int64_t inner, std::initializer_list<const void*> pointers) {
+  constexpr int V = row_vector<T>();
+  if (inner % V != 0 || inner / V < kMinRowVectors) return false;
+  for (const void* p : pointers) {
+    if (!aligned16(p)) return false;
+  }
+  return true;
+}
+
+// A row kernel's launch over `rows` rows, on `stream`.
+template <typename... Params, typename... Args>
+void launch_rows(void (*kernel)(Params...), int64_t rows, cudaStream_t stream, Args&&... args) {
+  launch_dependent(kernel, blocks_for(rows, kRowWarps), dim3(32, kRowWarps), 0, stream, std::forward<Args>(args)...);
+}
+
 // Ordered scatter_add: one thread per (outer, inner) column, its k entries in order.
 template <typename T>
 __global__ void scatter_add_columns_kernel(T* out, const int64_t* index, const T* src, int64_t outer, int64_t n,
@@ -201,8 +318,14 @@ void index_select(const Tensor& x, const Tensor& index, const Tensor& out) {
   dispatch_all(x.dtype(), "index_select", "cuda", [&](auto tag) {
     using T = device_t<decltype(tag)>;
     launch("index_select", x, outer * k * inner, [&](int blocks, cudaStream_t s) {
-      launch_dependent(index_select_kernel<T>, blocks, kElementwiseThreads, 0, s, device_ptr<const T>(x),
-                       device_ptr<const int64_t>(index), device_ptr<T>(out), outer, n, k, inner);
+      constexpr int V = row_vector<T>();
+      if (takes_rows<T>(inner, {x.data_ptr(), out.data_ptr()})) {
+        launch_rows(index_select_rows_kernel<T, V>, outer * k, s, device_ptr<const T>(x),
+                    device_ptr<const int64_t>(index), device_ptr<T>(out), outer, n, k, inner / V);
+      } else {
+        launch_dependent(index_select_kernel<T>, blocks, kElementwiseThreads, 0, s, device_ptr<const T>(x),
+                         device_ptr<const int64_t>(index), device_ptr<T>(out), outer, n, k, inner);
+      }
     });
   });
 }
@@ -237,9 +360,16 @@ void index_add_ordered(const Tensor& out, const Tensor& index, const Tensor& src
                                                     bits, s));
   dispatch_atomic(out.dtype(), "index_add", [&](auto tag) {
     using T = decltype(tag);
-    launch_dependent(index_add_runs_kernel<T>, elementwise_blocks(outer * k * inner), kElementwiseThreads, 0, s,
-                     device_ptr<T>(out), device_ptr<const int64_t>(sorted_keys),
-                     device_ptr<const int64_t>(sorted_positions), device_ptr<const T>(src), outer, n, k, inner);
+    constexpr int V = row_vector<T>();
+    if (takes_rows<T>(inner, {out.data_ptr(), src.data_ptr()})) {
+      launch_rows(index_add_runs_rows_kernel<T, V>, outer * k, s, device_ptr<T>(out),
+                  device_ptr<const int64_t>(sorted_keys), device_ptr<const int64_t>(sorted_positions),
+                  device_ptr<const T>(src), outer, n, k, inner / V);
+    } else {
+      launch_dependent(index_add_runs_kernel<T>, elementwise_blocks(outer * k * inner), kElementwiseThreads, 0, s,
+                       device_ptr<T>(out), device_ptr<const int64_t>(sorted_keys),
+                       device_ptr<const int64_t>(sorted_positions), device_ptr<const T>(src), outer, n, k, inner);
+    }
   });
   check_launch("index_add_ordered");
 }
@@ -263,8 +393,14 @@ void index_add(const Tensor& out, const Tensor& index, const Tensor& src, bool i
   dispatch_atomic(out.dtype(), "index_add", [&](auto tag) {
     using T = decltype(tag);
     launch("index_add", out, outer * k * inner, [&](int blocks, cudaStream_t s) {
-      launch_dependent(index_add_kernel<T>, blocks, kElementwiseThreads, 0, s, device_ptr<T>(out),
-                       device_ptr<const int64_t>(index), device_ptr<const T>(src), outer, n, k, inner);
+      constexpr int V = row_vector<T>();
+      if (takes_rows<T>(inner, {out.data_ptr(), src.data_ptr()})) {
+        launch_rows(index_add_rows_kernel<T, V>, outer * k, s, device_ptr<T>(out), device_ptr<const int64_t>(index),
+                    device_ptr<const T>(src), outer, n, k, inner / V);
+      } else {
+        launch_dependent(index_add_kernel<T>, blocks, kElementwiseThreads, 0, s, device_ptr<T>(out),
+                         device_ptr<const int64_t>(index), device_ptr<const T>(src), outer, n, k, inner);
+      }
     });
   });
 }

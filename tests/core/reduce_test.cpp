@@ -125,6 +125,22 @@ TEST(Reduce, SumAndMeanOverDimSets) {
   }
 }
 
+// sum_to (a broadcast operand's gradient): sums over the leading dims and the dims the target
+// has as 1, and over nothing where those dims have size 1 (then the result is a view of grad).
+TEST(Reduce, SumToSumsBroadcastDimsAndViewsSizeOneOnes) {
+  Tensor grad = testing::random_tensor({3, 4, 5, 2});
+  Tensor summed = kernels::sum_to(grad, {4, 1, 2});
+  EXPECT_EQ(summed.shape(), (Shape{4, 1, 2}));
+  EXPECT_TRUE(all_close(summed, views::reshape(sum(grad, {0, 2}, false), {4, 1, 2}), 1e-12, 1e-12));
+
+  Tensor single = testing::random_tensor({1, 5, 1, 3});  // only size-1 dims to sum over
+  Tensor viewed = kernels::sum_to(single, {5, 1, 3});
+  EXPECT_EQ(viewed.shape(), (Shape{5, 1, 3}));
+  EXPECT_EQ(viewed.data_ptr(), single.data_ptr()) << "no sum, a view";
+  EXPECT_EQ(viewed.to_double_vector(), single.to_double_vector());
+  EXPECT_EQ(kernels::sum_to(single, {1, 5, 1, 3}).data_ptr(), single.data_ptr());
+}
+
 TEST(Reduce, AmaxAndAminOverDimSets) {
   Tensor x = testing::random_tensor({3, 4, 5, 2});
   for (const auto& dims : kDimSets) {

@@ -56,6 +56,16 @@ TEST_P(DeterministicIndex, IndexAddRepeatsBitsAndMatchesCpu) {
                 [](const Tensor& i, const Tensor& s) { return kernels::index_add({3, 50, 7}, 1, i, s); });
 }
 
+// Rows of 64 elements: the row kernel (one warp per row, 16-byte vectors).
+TEST_P(DeterministicIndex, IndexAddOfWholeRowsRepeatsBitsAndMatchesCpu) {
+  TANDEM_REQUIRE_CUDA();
+  Tensor index = random_rows(3000, -50, 50, {3000});
+  Tensor src = testing::random_tensor({2, 3000, 64}, DType::f64).to(GetParam());  // (2, 3000, 64)
+  check_ordered(GetParam(), index, src, [](const Tensor& i, const Tensor& s) {
+    return kernels::index_add({2, 50, 64}, 1, i, s);
+  });
+}
+
 TEST_P(DeterministicIndex, ScatterAddRepeatsBitsAndMatchesCpu) {
   TANDEM_REQUIRE_CUDA();
   Tensor index = random_rows(4 * 600 * 5, 0, 20, {4, 600, 5});  // (4, 600, 5) into 20 rows
