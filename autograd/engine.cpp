@@ -19,6 +19,8 @@ thread_local std::vector<std::function<void()>>* pending_callbacks = nullptr;
 thread_local bool releasing_saved = false;
 // Whether the node running on this thread gives its first input its last gradient.
 thread_local bool first_input_final = false;
+// Whether the node running on this thread is the root's, handed the 1 that backward() implied.
+thread_local bool implicit_one = false;
 
 struct LaterFirst {
   bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
@@ -68,7 +70,8 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
                   ") does not require grad: none of the inputs it was computed from has requires_grad set, "
                   "or it was computed under NoGradGuard");
   Tensor gradient = gradient_in;
-  if (!gradient.defined()) {
+  const bool implied = !gradient.defined();
+  if (implied) {
     TANDEM_CHECK_AS(ValueError, root.numel() == 1, "backward: a gradient can be implied only for a scalar output, "
                     "but the tensor has shape ", shape_str(root.shape()), "; pass backward(gradient)");
     gradient = ones(root.shape(), root.options());
@@ -87,12 +90,14 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
     std::vector<std::function<void()>>* outer;
     bool outer_releasing;
     bool outer_first_input_final;
+    bool outer_implicit_one;
     ~Restore() {
       pending_callbacks = outer;
       releasing_saved = outer_releasing;
       first_input_final = outer_first_input_final;
+      implicit_one = outer_implicit_one;
     }
-  } restore{outer_callbacks, releasing_saved, first_input_final};
+  } restore{outer_callbacks, releasing_saved, first_input_final, implicit_one};
   releasing_saved = !retain_graph;
   detail::SideWork side;  // weight gradients made beside the nodes (side_stream.h)
   detail::SideWorkScope side_scope(&side);
@@ -122,8 +127,10 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
     } else {
       first_input_final = false;
     }
+    implicit_one = implied && node == root_node;  // the root's node runs first, before anything can change it
     std::vector<Tensor> grads =
         pending.defined() ? node->apply_folding(std::move(grad), pending) : node->apply(std::move(grad));
+    implicit_one = false;
     if (!retain_graph) node->release();
     for (size_t i = 0; i < node->next.size(); ++i) {
       const std::shared_ptr<Node>& next = node->next[i];
@@ -176,6 +183,8 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
 bool backward_releases_saved() { return releasing_saved; }
 
 bool first_input_gradient_is_final() { return first_input_final; }
+
+bool gradient_is_implicit_one() { return implicit_one; }
 
 void queue_callback(std::function<void()> fn) {
   TANDEM_CHECK(pending_callbacks != nullptr, "queue_callback: no backward pass is running on this thread");

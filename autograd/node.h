@@ -140,6 +140,11 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
 // saved, since no later backward through the node can read it. False outside a backward.
 bool backward_releases_saved();
 
+// Inside a node's backward: whether the gradient the node was handed is the 1 that backward()
+// implied for a scalar root, handed to the root's own node. A loss node that computed its input's
+// gradient for an upstream 1 in its forward may then hand that on without multiplying by it.
+bool gradient_is_implicit_one();
+
 // Inside a node's backward: whether the gradient the node returns for its first input (with the
 // pending gradient it was handed, if any) is all that this input will receive in this backward
 // pass, no other use of it being left to run. A node may then derive from that gradient what would

@@ -145,9 +145,11 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
     kernels::SquaredErrorWithGrad f = kernels::squared_error_with_grad(input, target, reduction == Reduction::mean);
     const DType stat = input.dtype() == DType::f64 ? DType::f64 : DType::f32;
     return record(f.loss, "mse_loss", {input}, [grad = f.grad, stat](const Tensor& g) -> std::vector<Tensor> {
-      // Without retain_graph the buffer is handed on (scaled in place if g is not 1); with it, a
-      // second backward must find it unchanged.
-      return {kernels::scale_unless_one(grad, kernels::to_dtype(g, stat), autograd::backward_releases_saved())};
+      // Without retain_graph the buffer is handed on (scaled in place if g is not 1, and without a
+      // kernel when g is backward()'s implied 1); with it, a second backward must find it unchanged.
+      const bool releasing = autograd::backward_releases_saved();
+      if (releasing && autograd::gradient_is_implicit_one()) return {grad};
+      return {kernels::scale_unless_one(grad, kernels::to_dtype(g, stat), releasing)};
     });
   }
   // 16-bit operands are computed in f32 and give an f32 loss, as torch.autocast runs mse_loss (the

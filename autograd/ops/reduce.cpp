@@ -140,8 +140,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
     return record(reduce_losses(f.losses, count, options.reduction), "cross_entropy", {logits},
                   [grad = f.grad](const Tensor& g) -> std::vector<Tensor> {
                     // Without retain_graph this node's buffer is handed on (scaled in place if g is
-                    // not 1); with it, a second backward must find the buffer unchanged.
-                    return {kernels::scale_unless_one(grad, g, autograd::backward_releases_saved())};
+                    // not 1, and without a kernel when g is backward()'s implied 1); with it, a second
+                    // backward must find the buffer unchanged.
+                    const bool releasing = autograd::backward_releases_saved();
+                    if (releasing && autograd::gradient_is_implicit_one()) return {grad};
+                    return {kernels::scale_unless_one(grad, g, releasing)};
                   });
   }
   kernels::CrossEntropyForward f =

@@ -301,6 +301,28 @@ TEST(GradcheckReduce, CrossEntropyGradientScalesAndSurvivesRetainGraph) {
   }
 }
 
+// backward()'s implied 1 reaches the loss's own node, which hands its gradient on unscaled when the
+// graph is released; with retain_graph, and for an explicit gradient of ones, the same bits.
+TEST(GradcheckReduce, LossGradientsOfAnImpliedOneMatchAnExplicitOne) {
+  Tensor logits = random_leaf({6, 5}), target = random_targets(6, 5, {2});
+  Tensor input = random_leaf({4, 3}), wanted = testing::random_tensor({4, 3});
+  const std::vector<std::pair<Tensor, std::function<Tensor()>>> losses = {
+      {logits, [&] { return cross_entropy(logits, target); }}, {input, [&] { return mse_loss(input, wanted); }}};
+  for (const auto& [leaf, loss_of] : losses) {
+    Tensor(leaf).set_grad(Tensor());
+    loss_of().backward();
+    Tensor implied = leaf.grad();
+    Tensor(leaf).set_grad(Tensor());
+    Tensor loss = loss_of();
+    loss.backward(Tensor(), /*retain_graph=*/true);
+    EXPECT_TRUE(testing::all_close(leaf.grad(), implied, 0, 0)) << "implied 1, graph retained";
+    Tensor(leaf).set_grad(Tensor());
+    loss.backward(ones_like(loss));
+    EXPECT_TRUE(testing::all_close(leaf.grad(), implied, 0, 0)) << "explicit 1, after the retained backward";
+    Tensor(leaf).set_grad(Tensor());
+  }
+}
+
 // The squared error: its gradient from the forward's pass (a differentiated scalar loss of an
 // input whose target needs none), and from the composed ops otherwise (no reduction, or a target
 // that needs a gradient too).
