@@ -11,108 +11,100 @@
 
 namespace tandem {
 
-#define TANDEM_BACKEND_KERNELS                                                                      \
-  /* x is already expanded to out's shape; out is contiguous */                                    \
-  void unary(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double beta);            \
-  /* out = grad * op'(x), all of one shape and floating dtype; out contiguous */                   \
-  void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& out,           \
-                      double alpha, double beta);                                                   \
-  /* a, b are expanded to out's shape; out is contiguous */                                        \
-  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);                    \
-  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);              \
-  /* any strides, dtypes may differ, same shape and device */                                      \
-  void copy(const Tensor& src, const Tensor& dst);                                                  \
-  void fill(const Tensor& dst, double value);                                                       \
-  /* x (outer, reduced, inner) contiguous; out (outer, inner) contiguous */                        \
-  void reduce(ReduceOp op, const Tensor& x, const Tensor& out);                                     \
-  /* x contiguous, its data 8-byte aligned; out (1,) i64 gets the wrapping sum over x's 8-byte      \
-     words (the last zero-padded) of hashing::mix(word, index) (core/content_hash.h) */             \
-  void content_hash(const Tensor& x, const Tensor& out);                                            \
-  /* x, out (outer, n, inner) contiguous; softmax along the middle dim */                          \
-  void softmax(const Tensor& x, const Tensor& out, bool log);                                       \
-  void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& out, bool log);          \
-  /* logits (N, C) contiguous, target (N,) i64; losses, lse (N,) */                                \
-  void cross_entropy_forward(const Tensor& logits, const Tensor& target, const Tensor& losses,      \
-                             const Tensor& lse, int64_t ignore_index, double smoothing);           \
-  void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,        \
-                              const Tensor& row_grad, const Tensor& out, int64_t ignore_index,      \
-                              double smoothing);                                                    \
-  /* the forward's losses and, for an upstream gradient of 1, grad (N, C) = (softmax - y) / count  \
-     (count a 0-dim tensor of losses' dtype, or undefined for 1); grad is contiguous like logits */ \
-  void cross_entropy_with_grad(const Tensor& logits, const Tensor& target, const Tensor& count,     \
-                               const Tensor& losses, const Tensor& grad, int64_t ignore_index,      \
-                               double smoothing);                                                   \
-  /* input, target, grad contiguous, one shape and floating dtype, not empty; loss () of that     \
-     dtype: the mean (or sum) of (input - target)^2, grad its gradient for an upstream 1 */      \
-  void squared_error_with_grad(const Tensor& input, const Tensor& target, bool mean,              \
-                               const Tensor& loss, const Tensor& grad);                           \
-  /* out = g * x for a 0-dim g, which stays on the device: where g is 1 and out is x, nothing is    \
-     written; x and out contiguous, one shape and floating dtype; g of x's statistics dtype */     \
-  void scale_unless_one(const Tensor& x, const Tensor& g, const Tensor& out);                       \
-  /* a (B, M, K), b (B, K, N) with any strides (batch stride 0 when broadcast); out (B, M, N) */   \
-  void matmul(const Tensor& a, const Tensor& b, const Tensor& out);                                 \
-  /* x, out (outer, n, inner) contiguous; index (k,) i64 contiguous; out (outer, k, inner) */     \
-  void index_select(const Tensor& x, const Tensor& index, const Tensor& out);                       \
-  /* out (outer, n, inner) += src (outer, k, inner) at rows index (k,); in_order: each row's */    \
-  /* sources added in source order whatever the deterministic mode (the CPU always does) */         \
-  void index_add(const Tensor& out, const Tensor& index, const Tensor& src, bool in_order);          \
-  /* x (outer, n, inner), index/out (outer, k, inner), all contiguous, index i64 */               \
-  void gather(const Tensor& x, const Tensor& index, const Tensor& out);                             \
-  void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src);                      \
-  void random(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double p1,        \
-              double p2);                                                                           \
-  /* dst += alpha * src, same shape, dst contiguous */                                             \
-  void add_inplace(const Tensor& dst, const Tensor& src, double alpha);                             \
-  /* NCHW, all contiguous; x (N, C, H, W), w (K, C/g, R, S), out (N, K, P, Q) */                   \
-  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& out, const Conv2dParams& p);   \
-  void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Tensor& grad_x,         \
-                             const Conv2dParams& p);                                                \
-  void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Tensor& grad_w,        \
-                              const Conv2dParams& p);                                               \
-  /* x (N, C, H, W), out (N, C, P, Q), contiguous */                                               \
-  void pool2d_forward(const Tensor& x, const Tensor& out, const Pool2dParams& p);                   \
-  void pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& out,                  \
-                       const Tensor& grad_x, const Pool2dParams& p);                                \
-  /* batch norm: every (N, C, H, W) operand either contiguous or all channels-last (strides     */ \
-  /* (H*W*C, 1, W*C, C)), as x is; per-channel (C,) tensors in the statistics dtype. residual    */ \
-  /* (maybe undefined) and relu: out = relu(round(bn(x)) + residual). relu_out (maybe undefined): */ \
-  /* grad_out is masked where relu_out <= 0 first, and grad_residual (maybe undefined) gets it */   \
-  void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,       \
-                                   const Tensor& running_mean, const Tensor& running_var,           \
-                                   const Tensor& residual, bool relu, const Tensor& out,            \
-                                   const Tensor& save_mean, const Tensor& save_invstd,              \
-                                   double momentum, double eps);                                    \
-  void batch_norm_forward_inference(const Tensor& x, const Tensor& weight, const Tensor& bias,      \
-                                    const Tensor& running_mean, const Tensor& running_var,          \
-                                    const Tensor& residual, bool relu, const Tensor& out,           \
-                                    double eps);                                                    \
-  void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,           \
-                           const Tensor& save_mean, const Tensor& save_invstd,                      \
-                           const Tensor& relu_out, const Tensor& grad_x, const Tensor& grad_weight, \
-                           const Tensor& grad_bias, const Tensor& grad_residual);                   \
-  /* layer norm over the last dim: x, out, grad_out, grad_x (rows, D) contiguous; weight, bias, */  \
-  /* grad_weight, grad_bias (D,) contiguous or undefined; mean, rstd (rows,) in the stats dtype; */  \
-  /* pending (rows, D) contiguous or undefined: a gradient added into grad_x; grad_x_column_sum */ \
-  /* (D,) contiguous or undefined: grad_x (as rounded) summed over its rows */                       \
-  void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, \
-                          const Tensor& mean, const Tensor& rstd, double eps);                      \
-  void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,            \
-                           const Tensor& mean, const Tensor& rstd, const Tensor& pending,            \
-                           const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,  \
-                           const Tensor& grad_x_column_sum);                                        \
-  /* fused optimizer steps (see UpdateTensors): params, grads, states and masters contiguous, */   \
-  /* params of one float dtype on one device, masters either empty or one (maybe undefined) each */ \
-  void sgd_step(const UpdateTensors& t, const SgdHyper& h);                                        \
-  void adamw_step(const UpdateTensors& t, const AdamWHyper& h);                                    \
-  /* compact master weights (core/master_halves.h), all contiguous and of one shape: param and */   \
-  /* low_halves bf16, master f32 */                                                                \
-  void join_master_halves(const Tensor& param, const Tensor& low_halves, const Tensor& master);     \
-  void split_master(const Tensor& master, const Tensor& param, const Tensor& low_halves);           \
-  /* grads contiguous, of one float dtype on one device; inv_scale may be undefined */             \
-  void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf,      \
-                                     const Tensor& inv_scale);                                      \
-  void update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,     \
-                     double growth, double backoff, int64_t growth_interval);
+#define TANDEM_BACKEND_KERNELS                                                                                         \
+  /* x is already expanded to out's shape; out is contiguous */                                                        \
+  void unary(UnaryOp op, const Tensor& x, const Tensor& out, double alpha, double beta);                               \
+  /* out = grad * op'(x), all of one shape and floating dtype; out contiguous */                                       \
+  void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& out, double alpha, double beta);  \
+  /* a, b are expanded to out's shape; out is contiguous */                                                            \
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);                                       \
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);                                 \
+  /* any strides, dtypes may differ, same shape and device */                                                          \
+  void copy(const Tensor& src, const Tensor& dst);                                                                     \
+  void fill(const Tensor& dst, double value);                                                                          \
+  /* out (n,) contiguous: out[i] = start + i * step, computed in f64, converted to out's dtype */                      \
+  void arange(const Tensor& out, double start, double step);                                                           \
+  /* x (outer, reduced, inner) contiguous; out (outer, inner) contiguous */                                            \
+  void reduce(ReduceOp op, const Tensor& x, const Tensor& out);                                                        \
+  /* x contiguous, its data 8-byte aligned; out (1,) i64 gets the wrapping sum over x's 8-byte                         \
+     words (the last zero-padded) of hashing::mix(word, index) (core/content_hash.h) */                                \
+  void content_hash(const Tensor& x, const Tensor& out);                                                               \
+  /* x, out (outer, n, inner) contiguous; softmax along the middle dim */                                              \
+  void softmax(const Tensor& x, const Tensor& out, bool log);                                                          \
+  void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& out, bool log);                             \
+  /* logits (N, C) contiguous, target (N,) i64; losses, lse (N,) */                                                    \
+  void cross_entropy_forward(const Tensor& logits, const Tensor& target, const Tensor& losses, const Tensor& lse,      \
+                             int64_t ignore_index, double smoothing);                                                  \
+  void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& row_grad,   \
+                              const Tensor& out, int64_t ignore_index, double smoothing);                              \
+  /* the forward's losses and, for an upstream gradient of 1, grad (N, C) = (softmax - y) / count                      \
+     (count a 0-dim tensor of losses' dtype, or undefined for 1); grad is contiguous like logits */                    \
+  void cross_entropy_with_grad(const Tensor& logits, const Tensor& target, const Tensor& count, const Tensor& losses,  \
+                               const Tensor& grad, int64_t ignore_index, double smoothing);                            \
+  /* input, target, grad contiguous, one shape and floating dtype, not empty; loss () of that                          \
+     dtype: the mean (or sum) of (input - target)^2, grad its gradient for an upstream 1 */                            \
+  void squared_error_with_grad(const Tensor& input, const Tensor& target, bool mean, const Tensor& loss,               \
+                               const Tensor& grad);                                                                    \
+  /* out = g * x for a 0-dim g, which stays on the device: where g is 1 and out is x, nothing is                       \
+     written; x and out contiguous, one shape and floating dtype; g of x's statistics dtype */                         \
+  void scale_unless_one(const Tensor& x, const Tensor& g, const Tensor& out);                                          \
+  /* a (B, M, K), b (B, K, N) with any strides (batch stride 0 when broadcast); out (B, M, N) */                       \
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out);                                                    \
+  /* x, out (outer, n, inner) contiguous; index (k,) i64 contiguous; out (outer, k, inner) */                          \
+  void index_select(const Tensor& x, const Tensor& index, const Tensor& out);                                          \
+  /* out (outer, n, inner) += src (outer, k, inner) at rows index (k,); in_order: each row's */                        \
+  /* sources added in source order whatever the deterministic mode (the CPU always does) */                            \
+  void index_add(const Tensor& out, const Tensor& index, const Tensor& src, bool in_order);                            \
+  /* x (outer, n, inner), index/out (outer, k, inner), all contiguous, index i64 */                                    \
+  void gather(const Tensor& x, const Tensor& index, const Tensor& out);                                                \
+  void scatter_add(const Tensor& out, const Tensor& index, const Tensor& src);                                         \
+  void random(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double p1, double p2);               \
+  /* dst += alpha * src, same shape, dst contiguous */                                                                 \
+  void add_inplace(const Tensor& dst, const Tensor& src, double alpha);                                                \
+  /* NCHW, all contiguous; x (N, C, H, W), w (K, C/g, R, S), out (N, K, P, Q) */                                       \
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& out, const Conv2dParams& p);                     \
+  void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Tensor& grad_x, const Conv2dParams& p);    \
+  void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Tensor& grad_w, const Conv2dParams& p);   \
+  /* x (N, C, H, W), out (N, C, P, Q), contiguous */                                                                   \
+  void pool2d_forward(const Tensor& x, const Tensor& out, const Pool2dParams& p);                                      \
+  void pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& out, const Tensor& grad_x,               \
+                       const Pool2dParams& p);                                                                         \
+  /* batch norm: every (N, C, H, W) operand either contiguous or all channels-last (strides     */                     \
+  /* (H*W*C, 1, W*C, C)), as x is; per-channel (C,) tensors in the statistics dtype. residual    */                    \
+  /* (maybe undefined) and relu: out = relu(round(bn(x)) + residual). relu_out (maybe undefined): */                   \
+  /* grad_out is masked where relu_out <= 0 first, and grad_residual (maybe undefined) gets it */                      \
+  void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,                          \
+                                   const Tensor& running_mean, const Tensor& running_var, const Tensor& residual,      \
+                                   bool relu, const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd,   \
+                                   double momentum, double eps);                                                       \
+  void batch_norm_forward_inference(const Tensor& x, const Tensor& weight, const Tensor& bias,                         \
+                                    const Tensor& running_mean, const Tensor& running_var, const Tensor& residual,     \
+                                    bool relu, const Tensor& out, double eps);                                         \
+  void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& save_mean,     \
+                           const Tensor& save_invstd, const Tensor& relu_out, const Tensor& grad_x,                    \
+                           const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_residual);           \
+  /* layer norm over the last dim: x, out, grad_out, grad_x (rows, D) contiguous; weight, bias, */                     \
+  /* grad_weight, grad_bias (D,) contiguous or undefined; mean, rstd (rows,) in the stats dtype; */                    \
+  /* pending (rows, D) contiguous or undefined: a gradient added into grad_x; grad_x_column_sum */                     \
+  /* (D,) contiguous or undefined: grad_x (as rounded) summed over its rows */                                         \
+  void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,                \
+                          const Tensor& mean, const Tensor& rstd, double eps);                                         \
+  void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,          \
+                           const Tensor& rstd, const Tensor& pending, const Tensor& grad_x, const Tensor& grad_weight, \
+                           const Tensor& grad_bias, const Tensor& grad_x_column_sum);                                  \
+  /* fused optimizer steps (see UpdateTensors): params, grads, states and masters contiguous, */                       \
+  /* params of one float dtype on one device, masters either empty or one (maybe undefined) each */                    \
+  void sgd_step(const UpdateTensors& t, const SgdHyper& h);                                                            \
+  void adamw_step(const UpdateTensors& t, const AdamWHyper& h);                                                        \
+  /* compact master weights (core/master_halves.h), all contiguous and of one shape: param and */                      \
+  /* low_halves bf16, master f32 */                                                                                    \
+  void join_master_halves(const Tensor& param, const Tensor& low_halves, const Tensor& master);                        \
+  void split_master(const Tensor& master, const Tensor& param, const Tensor& low_halves);                              \
+  /* grads contiguous, of one float dtype on one device; inv_scale may be undefined */                                 \
+  void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf,                        \
+                                     const Tensor& inv_scale);                                                         \
+  void update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf, double growth,        \
+                     double backoff, int64_t growth_interval);
 
 namespace cpu {
 TANDEM_BACKEND_KERNELS

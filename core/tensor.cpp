@@ -5,6 +5,7 @@
 
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda_graph.h"
+#include "tandem/core/kernel_checks.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem {
@@ -143,9 +144,9 @@ Tensor arange(double start, double end, double step, TensorOptions options) {
   TANDEM_CHECK_AS(ValueError, (end - start) / step >= 0, "arange: the range [", start, ", ", end,
                   ") cannot be walked with step ", step);
   auto n = static_cast<int64_t>(std::ceil((end - start) / step));
-  std::vector<double> values(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) values[i] = start + static_cast<double>(i) * step;
-  return from_vector(values, Shape{n}, options);
+  Tensor out = empty({n}, options);
+  if (n > 0) TANDEM_ROUTE(options.device, arange, out, start, step);
+  return out;
 }
 
 Tensor arange(int64_t end, TensorOptions options) { return arange(0.0, static_cast<double>(end), 1.0, options); }

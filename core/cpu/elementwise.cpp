@@ -101,6 +101,14 @@ void copy(const Tensor& src, const Tensor& dst) {
   });
 }
 
+void arange(const Tensor& out, double start, double step) {
+  dispatch_all(out.dtype(), "arange", "cpu", [&](auto tag) {
+    using T = decltype(tag);
+    T* p = out.data<T>();  // (n,)
+    for (int64_t i = 0; i < out.numel(); ++i) p[i] = convert<T>(start + static_cast<double>(i) * step);
+  });
+}
+
 void fill(const Tensor& dst, double value) {
   dispatch_all(dst.dtype(), "fill", "cpu", [&](auto tag) {
     using T = decltype(tag);

@@ -240,6 +240,30 @@ void fill(const Tensor& dst, double value) {
   dispatch_all(dst.dtype(), "fill", "cuda", [&](auto tag) { fill_typed<device_t<decltype(tag)>>(dst, value); });
 }
 
+namespace {
+template <typename T>
+__global__ void arange_kernel(T* __restrict__ out, int64_t n, double start, double step) {
+  dependent_kernel_begin();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = cast_to<T>(start + static_cast<double>(i) * step);
+  }
+}
+}  // namespace
+
+// One kernel, so that a step's positions (GPT-2's arange(T)) take neither an upload nor a cast.
+void arange(const Tensor& out, double start, double step) {
+  dispatch_all(out.dtype(), "arange", "cuda", [&](auto tag) {
+    using T = device_t<decltype(tag)>;
+    NvtxRange range("arange");
+    DeviceGuard guard(out.device().index);
+    const int64_t n = out.numel();
+    launch_dependent(arange_kernel<T>, elementwise_blocks(n), kElementwiseThreads, 0, stream_of(out),
+                     device_ptr<T>(out), n, start, step);
+    check_launch("arange");
+  });
+}
+
 void add_inplace(const Tensor& dst, const Tensor& src, double alpha) {
   dispatch_numeric(dst.dtype(), "add_", "cuda",
                    [&](auto tag) { add_inplace_typed<device_t<decltype(tag)>>(dst, src, alpha); });

@@ -98,6 +98,7 @@ void binary(BinaryOp op, const Tensor&, const Tensor&, const Tensor&) { no_cuda(
 void where(const Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda("where"); }
 void copy(const Tensor&, const Tensor&) { no_cuda("copy"); }
 void fill(const Tensor&, double) { no_cuda("fill"); }
+void arange(const Tensor&, double, double) { no_cuda("arange"); }
 void reduce(ReduceOp op, const Tensor&, const Tensor&) { no_cuda(reduce_op_name(op)); }
 void content_hash(const Tensor&, const Tensor&) { no_cuda("content_hash"); }
 void softmax(const Tensor&, const Tensor&, bool) { no_cuda("softmax"); }

@@ -315,6 +315,8 @@ TEST(CudaParity, ArangeOnTheDeviceInEveryDType) {
     ASSERT_TRUE(got.device().is_cuda());
     EXPECT_EQ(got.shape(), expected.shape());
     EXPECT_EQ(widen(got).to_vector<double>(), widen(expected).to_vector<double>());
+    Tensor down = arange(s + 7.0, s, -0.75, TensorOptions(d, Device("cuda:0")));  // a negative step
+    EXPECT_EQ(widen(down).to_vector<double>(), widen(arange(s + 7.0, s, -0.75, d)).to_vector<double>());
   }
 }
 
