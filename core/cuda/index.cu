@@ -149,11 +149,6 @@ __global__ void index_add_runs_kernel(T* out, const int64_t* sorted_keys, const 
 constexpr int kRowWarps = 8;           // rows per block
 constexpr int64_t kMinRowVectors = 8;  // shorter rows leave most of a warp idle: one thread per element
 
-template <typename T>
-constexpr int row_vector() {
-  return 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
-}
-
 // out (outer, k, inner) = x (outer, n, inner) at rows index (k,).
 template <typename T, int V>
 __global__ void __launch_bounds__(32 * kRowWarps)
@@ -242,7 +237,7 @@ __global__ void __launch_bounds__(32 * kRowWarps)
 // Whether rows of `inner` T at these addresses take the row kernels (see the top of this file).
 template <typename T>
 bool takes_rows(int64_t inner, std::initializer_list<const void*> pointers) {
-  constexpr int V = row_vector<T>();
+  constexpr int V = vector_width<T>();  // elements per 16-byte vector
   if (inner % V != 0 || inner / V < kMinRowVectors) return false;
   for (const void* p : pointers) {
     if (!aligned16(p)) return false;
@@ -318,7 +313,7 @@ void index_select(const Tensor& x, const Tensor& index, const Tensor& out) {
   dispatch_all(x.dtype(), "index_select", "cuda", [&](auto tag) {
     using T = device_t<decltype(tag)>;
     launch("index_select", x, outer * k * inner, [&](int blocks, cudaStream_t s) {
-      constexpr int V = row_vector<T>();
+      constexpr int V = vector_width<T>();  // elements per 16-byte vector
       if (takes_rows<T>(inner, {x.data_ptr(), out.data_ptr()})) {
         launch_rows(index_select_rows_kernel<T, V>, outer * k, s, device_ptr<const T>(x),
                     device_ptr<const int64_t>(index), device_ptr<T>(out), outer, n, k, inner / V);
@@ -360,7 +355,7 @@ void index_add_ordered(const Tensor& out, const Tensor& index, const Tensor& src
                                                     bits, s));
   dispatch_atomic(out.dtype(), "index_add", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int V = row_vector<T>();
+    constexpr int V = vector_width<T>();  // elements per 16-byte vector
     if (takes_rows<T>(inner, {out.data_ptr(), src.data_ptr()})) {
       launch_rows(index_add_runs_rows_kernel<T, V>, outer * k, s, device_ptr<T>(out),
                   device_ptr<const int64_t>(sorted_keys), device_ptr<const int64_t>(sorted_positions),
@@ -393,7 +388,7 @@ void index_add(const Tensor& out, const Tensor& index, const Tensor& src, bool i
   dispatch_atomic(out.dtype(), "index_add", [&](auto tag) {
     using T = decltype(tag);
     launch("index_add", out, outer * k * inner, [&](int blocks, cudaStream_t s) {
-      constexpr int V = row_vector<T>();
+      constexpr int V = vector_width<T>();  // elements per 16-byte vector
       if (takes_rows<T>(inner, {out.data_ptr(), src.data_ptr()})) {
         launch_rows(index_add_rows_kernel<T, V>, outer * k, s, device_ptr<T>(out), device_ptr<const int64_t>(index),
                     device_ptr<const T>(src), outer, n, k, inner / V);
