@@ -1,6 +1,5 @@
 // Deterministic mode: the process-wide flag, its environment variable, the error of an op without
 // a deterministic path, and the CPU accumulating kernels giving the same bits run to run.
-#include <cstring>
 #include <random>
 
 #include "support/test_util.h"
@@ -45,10 +44,7 @@ TEST(Determinism, OpWithoutDeterministicPathRaisesOnlyWhenOn) {
   EXPECT_NO_THROW(alert_not_deterministic("example_op"));
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.numel()) * a.element_size()) == 0;
-}
+using testing::same_bits;
 
 // Many repeated rows: the CPU kernels add in source order, so two runs agree bit for bit.
 TEST(Determinism, CpuIndexAddAndScatterAddRepeatBits) {

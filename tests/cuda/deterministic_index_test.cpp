@@ -2,9 +2,7 @@
 // kernels' replacements) give the same bits on two runs over inputs with many repeated rows, and
 // the CPU backend's result (same order of additions: bit for bit in f32/f64, within a rounding
 // step in f16/bf16, whose conversions may round differently).
-#include <cstring>
 #include <functional>
-#include <random>
 
 #include "support/test_util.h"
 #include "tandem/core/determinism.h"
@@ -13,19 +11,8 @@
 namespace tandem {
 namespace {
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.numel()) * a.element_size()) == 0;
-}
-
-// Indices in [low, high) on the host; negative ones count from the end.
-Tensor random_rows(int64_t count, int64_t low, int64_t high, const Shape& shape) {
-  std::mt19937_64 gen(testing::next_seed());
-  std::uniform_int_distribution<int64_t> row(low, high - 1);
-  std::vector<int64_t> rows(static_cast<size_t>(count));
-  for (int64_t& r : rows) r = row(gen);
-  return from_vector(rows, shape);
-}
+using testing::random_indices;
+using testing::same_bits;
 
 // Runs `op` on the CPU and twice on the GPU, in deterministic mode: the GPU runs agree bit for
 // bit, and match the CPU (bit for bit in f32/f64).
@@ -50,7 +37,7 @@ class DeterministicIndex : public ::testing::TestWithParam<DType> {};
 TEST_P(DeterministicIndex, IndexAddRepeatsBitsAndMatchesCpu) {
   TANDEM_REQUIRE_CUDA();
   // 4000 entries over 50 rows (80 per row on average), negative indices among them.
-  Tensor index = random_rows(4000, -50, 50, {4000});
+  Tensor index = random_indices(4000, -50, 50, {4000});
   Tensor src = testing::random_tensor({3, 4000, 7}, DType::f64).to(GetParam());  // (3, 4000, 7)
   check_ordered(GetParam(), index, src,
                 [](const Tensor& i, const Tensor& s) { return kernels::index_add({3, 50, 7}, 1, i, s); });
@@ -59,7 +46,7 @@ TEST_P(DeterministicIndex, IndexAddRepeatsBitsAndMatchesCpu) {
 // Rows of 64 elements: the row kernel (one warp per row, 16-byte vectors).
 TEST_P(DeterministicIndex, IndexAddOfWholeRowsRepeatsBitsAndMatchesCpu) {
   TANDEM_REQUIRE_CUDA();
-  Tensor index = random_rows(3000, -50, 50, {3000});
+  Tensor index = random_indices(3000, -50, 50, {3000});
   Tensor src = testing::random_tensor({2, 3000, 64}, DType::f64).to(GetParam());  // (2, 3000, 64)
   check_ordered(GetParam(), index, src, [](const Tensor& i, const Tensor& s) {
     return kernels::index_add({2, 50, 64}, 1, i, s);
@@ -68,7 +55,7 @@ TEST_P(DeterministicIndex, IndexAddOfWholeRowsRepeatsBitsAndMatchesCpu) {
 
 TEST_P(DeterministicIndex, ScatterAddRepeatsBitsAndMatchesCpu) {
   TANDEM_REQUIRE_CUDA();
-  Tensor index = random_rows(4 * 600 * 5, 0, 20, {4, 600, 5});  // (4, 600, 5) into 20 rows
+  Tensor index = random_indices(4 * 600 * 5, 0, 20, {4, 600, 5});  // (4, 600, 5) into 20 rows
   Tensor src = testing::random_tensor({4, 600, 5}, DType::f64).to(GetParam());
   check_ordered(GetParam(), index, src,
                 [](const Tensor& i, const Tensor& s) { return kernels::scatter_add({4, 20, 5}, 1, i, s); });
@@ -80,7 +67,7 @@ TEST(DeterministicIndexEmbedding, GradientRepeatsBits) {
   TANDEM_REQUIRE_CUDA();
   DeterministicAlgorithmsGuard on(true);
   const Device gpu("cuda:0");
-  std::vector<int64_t> tokens = random_rows(8192, 0, 50257, {8192}).to_vector<int64_t>();
+  std::vector<int64_t> tokens = random_indices(8192, 0, 50257, {8192}).to_vector<int64_t>();
   for (size_t i = 0; i < tokens.size(); i += 2) tokens[i] = 50256;
   Tensor index = from_vector(tokens).to(gpu);
   Tensor grad = testing::random_tensor({1, 8192, 768}, DType::f32).to(gpu);  // (1, tokens, dim)

@@ -3,8 +3,6 @@
 // results, NaN rows (0 in integers) for an out-of-range index, and out-of-range rows skipped by
 // index_add.
 #include <cmath>
-#include <cstring>
-#include <random>
 
 #include "support/test_util.h"
 #include "tandem/core/index.h"
@@ -14,19 +12,8 @@ namespace {
 
 const Device kGpu("cuda:0"), kCpu("cpu");
 
-// `count` indices in [low, high) (negative ones count from the end), fresh on every call.
-Tensor random_indices(int64_t count, int64_t low, int64_t high) {
-  std::mt19937_64 gen(testing::next_seed());
-  std::uniform_int_distribution<int64_t> pick(low, high - 1);
-  std::vector<int64_t> values(static_cast<size_t>(count));
-  for (int64_t& v : values) v = pick(gen);
-  return from_vector(values, {count});
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.numel()) * a.element_size()) == 0;
-}
+using testing::random_indices;
+using testing::same_bits;
 
 // Row widths: 64 and 72 are whole 16-byte vectors in every dtype here (the row kernels), 9 and
 // 12 are not in the 16-bit ones (one thread per element).

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <random>
 
 #include "tandem/core/backend.h"
 #include "tandem/core/views.h"
@@ -25,6 +27,20 @@ uint64_t next_seed() {
 Tensor random_tensor(const Shape& shape, TensorOptions options) {
   Generator gen(next_seed());
   return randn(shape, options, &gen);
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  Tensor ca = kernels::contiguous(a), cb = kernels::contiguous(b);
+  return std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(ca.numel()) * ca.element_size()) == 0;
+}
+
+Tensor random_indices(int64_t count, int64_t low, int64_t high, const Shape& shape) {
+  std::mt19937_64 gen(next_seed());
+  std::uniform_int_distribution<int64_t> pick(low, high - 1);
+  std::vector<int64_t> values(static_cast<size_t>(count));
+  for (int64_t& v : values) v = pick(gen);
+  return from_vector(values, shape.empty() ? Shape{count} : shape);
 }
 
 Tensor random_uniform(const Shape& shape, double low, double high, TensorOptions options) {

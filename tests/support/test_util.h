@@ -30,6 +30,13 @@ Tensor random_transposed_leaf(const Shape& shape);
 ::testing::AssertionResult all_close(const Tensor& a, const std::vector<double>& expected, double rtol = 1e-6,
                                      double atol = 1e-8);
 
+// Whether two CPU tensors have the same dtype, shape and element bytes (any strides).
+bool same_bits(const Tensor& a, const Tensor& b);
+
+// `count` i64 indices drawn from [low, high) on the CPU, of `shape` ((count,) when empty);
+// negative ones count from the end. Fresh values on every call.
+Tensor random_indices(int64_t count, int64_t low, int64_t high, const Shape& shape = {});
+
 // True when a CUDA build sees at least one GPU.
 bool cuda_available();
 

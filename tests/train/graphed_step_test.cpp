@@ -152,10 +152,7 @@ RunResult train(const Workload& w, const RunOptions& o, bool graphed) {
   return r;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(kernels::contiguous(a).data_ptr(), kernels::contiguous(b).data_ptr(), a.nbytes()) == 0;
-}
+using testing::same_bits;
 
 // Deterministic algorithms for the scope: eager runs are bitwise reproducible only with them (cuDNN's
 // and the embedding gradient's atomics otherwise), and a replay is compared with an eager run.
