@@ -71,16 +71,19 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
                   "or it was computed under NoGradGuard");
   Tensor gradient = gradient_in;
   const bool implied = !gradient.defined();
+  std::shared_ptr<Node> root_node = gradient_edge(root);
   if (implied) {
     TANDEM_CHECK_AS(ValueError, root.numel() == 1, "backward: a gradient can be implied only for a scalar output, "
                     "but the tensor has shape ", shape_str(root.shape()), "; pass backward(gradient)");
-    gradient = ones(root.shape(), root.options());
+    // A loss node that never reads the implied 1 (record_loss) is handed none: no kernel to make it.
+    if (retain_graph || !root_node->ignores_implied_one()) gradient = ones(root.shape(), root.options());
+  } else {
+    TANDEM_CHECK_AS(ValueError, gradient.shape() == root.shape(), "backward: the gradient has shape ",
+                    shape_str(gradient.shape()), " but the tensor has shape ", shape_str(root.shape()));
+    TANDEM_CHECK_AS(TypeError, gradient.dtype() == root.dtype() && gradient.device() == root.device(),
+                    "backward: the gradient is ", gradient.dtype(), " on ", gradient.device(), " but the tensor is ",
+                    root.dtype(), " on ", root.device());
   }
-  TANDEM_CHECK_AS(ValueError, gradient.shape() == root.shape(), "backward: the gradient has shape ",
-                  shape_str(gradient.shape()), " but the tensor has shape ", shape_str(root.shape()));
-  TANDEM_CHECK_AS(TypeError, gradient.dtype() == root.dtype() && gradient.device() == root.device(),
-                  "backward: the gradient is ", gradient.dtype(), " on ", gradient.device(), " but the tensor is ",
-                  root.dtype(), " on ", root.device());
 
   NoGradGuard no_grad;  // the backward computation itself is not recorded
   std::vector<std::function<void()>> callbacks;
@@ -101,9 +104,8 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
   releasing_saved = !retain_graph;
   detail::SideWork side;  // weight gradients made beside the nodes (side_stream.h)
   detail::SideWorkScope side_scope(&side);
-  std::shared_ptr<Node> root_node = gradient_edge(root);
   std::unordered_map<Node*, int> deps = count_dependencies(root_node);
-  std::unordered_map<Node*, Tensor> buffers{{root_node.get(), gradient.detach()}};
+  std::unordered_map<Node*, Tensor> buffers{{root_node.get(), gradient.defined() ? gradient.detach() : Tensor()}};
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst> ready;
   ready.push(root_node);
 

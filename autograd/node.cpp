@@ -141,6 +141,14 @@ Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, F
   return record_node(std::move(out), name, inputs, std::move(backward));
 }
 
+Tensor record_loss(Tensor out, const char* name, const std::vector<Tensor>& inputs, BackwardFn backward) {
+  Tensor result = record_node(std::move(out), name, inputs, std::move(backward));
+  if (result.autograd_meta() != nullptr && result.autograd_meta()->grad_fn) {
+    static_cast<FunctionNode&>(*result.autograd_meta()->grad_fn).set_ignores_implied_one();
+  }
+  return result;
+}
+
 Tensor record_view(Tensor out, const char* name, const std::vector<Tensor>& inputs, BackwardFn backward) {
   Tensor result = record_node(std::move(out), name, inputs, std::move(backward));
   if (result.autograd_meta() != nullptr && result.autograd_meta()->grad_fn) {

@@ -47,6 +47,10 @@ class Node {
   virtual bool takes_gradients_beside() const { return false; }
   // Frees what the backward saved; called after the node ran unless the graph is retained.
   virtual void release() {}
+  // Whether the node, as the root of a backward that implied the 1 and releases the graph, never
+  // reads that 1 (see gradient_is_implicit_one): backward then hands it an undefined gradient
+  // instead of launching a kernel to make the 1 (record_loss).
+  virtual bool ignores_implied_one() const { return false; }
 
   // Nodes of the inputs, in input order; null for inputs that need no gradient.
   std::vector<std::shared_ptr<Node>> next;
@@ -74,6 +78,9 @@ class FunctionNode : public Node {
   // For record_view: a backward that launches nothing on the gradient.
   void set_views_gradient_only() { views_gradient_only_ = true; }
   bool takes_gradients_beside() const override { return views_gradient_only_; }
+  // For record_loss: a backward that does not read the implied 1.
+  void set_ignores_implied_one() { ignores_implied_one_ = true; }
+  bool ignores_implied_one() const override { return ignores_implied_one_; }
   std::vector<Tensor> apply(Tensor grad_output) override;
   bool folds_pending() const override { return folding_backward_ != nullptr; }
   std::vector<Tensor> apply_folding(Tensor grad_output, const Tensor& pending) override;
@@ -90,6 +97,7 @@ class FunctionNode : public Node {
   BackwardFn backward_;                 // one of the two is set; both null once released
   FoldingBackwardFn folding_backward_;
   bool views_gradient_only_ = false;
+  bool ignores_implied_one_ = false;
 };
 
 // The node at a leaf: adds the incoming gradient into leaf.grad, then runs the leaf's hooks.
@@ -124,6 +132,11 @@ Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs, F
 // The same for a view op whose backward only views its gradient again (transpose, permute): no
 // kernel reads the gradient, so the engine hands it one still being made beside backward.
 Tensor record_view(Tensor out, const char* name, const std::vector<Tensor>& inputs, BackwardFn backward);
+// The same for a scalar loss whose backward returns the gradient its forward made, without
+// reading the gradient it is handed, when that is backward()'s implied 1 and the graph is released
+// (it checks gradient_is_implicit_one() and backward_releases_saved()): the engine then passes an
+// undefined gradient rather than make the 1.
+Tensor record_loss(Tensor out, const char* name, const std::vector<Tensor>& inputs, BackwardFn backward);
 // A tensor to capture in a backward function: same data, no autograd history.
 inline Tensor saved(const Tensor& t) { return t.detach(); }
 

@@ -11,6 +11,7 @@
 namespace tandem {
 
 using autograd::record;
+using autograd::record_loss;
 using autograd::saved;
 
 namespace {
@@ -144,7 +145,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   if (with_grad && input.dtype() != DType::f16) {
     kernels::SquaredErrorWithGrad f = kernels::squared_error_with_grad(input, target, reduction == Reduction::mean);
     const DType stat = input.dtype() == DType::f64 ? DType::f64 : DType::f32;
-    return record(f.loss, "mse_loss", {input}, [grad = f.grad, stat](const Tensor& g) -> std::vector<Tensor> {
+    return record_loss(f.loss, "mse_loss", {input}, [grad = f.grad, stat](const Tensor& g) -> std::vector<Tensor> {
       // Without retain_graph the buffer is handed on (scaled in place if g is not 1, and without a
       // kernel when g is backward()'s implied 1); with it, a second backward must find it unchanged.
       const bool releasing = autograd::backward_releases_saved();

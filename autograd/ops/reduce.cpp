@@ -8,6 +8,7 @@
 namespace tandem {
 
 using autograd::record;
+using autograd::record_loss;
 using autograd::saved;
 
 namespace {
@@ -137,15 +138,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   if (with_grad) {
     kernels::CrossEntropyWithGrad f =
         kernels::cross_entropy_with_grad(logits, target, count, options.ignore_index, options.label_smoothing);
-    return record(reduce_losses(f.losses, count, options.reduction), "cross_entropy", {logits},
-                  [grad = f.grad](const Tensor& g) -> std::vector<Tensor> {
-                    // Without retain_graph this node's buffer is handed on (scaled in place if g is
-                    // not 1, and without a kernel when g is backward()'s implied 1); with it, a second
-                    // backward must find the buffer unchanged.
-                    const bool releasing = autograd::backward_releases_saved();
-                    if (releasing && autograd::gradient_is_implicit_one()) return {grad};
-                    return {kernels::scale_unless_one(grad, g, releasing)};
-                  });
+    return record_loss(reduce_losses(f.losses, count, options.reduction), "cross_entropy", {logits},
+                       [grad = f.grad](const Tensor& g) -> std::vector<Tensor> {
+                         // Without retain_graph this node's buffer is handed on (scaled in place if g is
+                         // not 1, and without a kernel when g is backward()'s implied 1); with it, a second
+                         // backward must find the buffer unchanged.
+                         const bool releasing = autograd::backward_releases_saved();
+                         if (releasing && autograd::gradient_is_implicit_one()) return {grad};
+                         return {kernels::scale_unless_one(grad, g, releasing)};
+                       });
   }
   kernels::CrossEntropyForward f =
       kernels::cross_entropy_forward(logits, target, options.ignore_index, options.label_smoothing);

@@ -129,6 +129,32 @@ TEST(Engine, RetainGraphAllowsASecondBackward) {
   EXPECT_TRUE(all_close(w.grad(), mul(exp(w.detach()), 2.0)));
 }
 
+// A loss recorded with record_loss is handed no gradient for backward()'s implied 1 when the graph
+// is released (nothing launched to make the 1), and a real 1 otherwise: with retain_graph, or
+// when the caller passes a gradient.
+TEST(Engine, ALossThatIgnoresTheImpliedOneIsHandedNone) {
+  Tensor x = testing::random_leaf({3});
+  std::vector<Tensor> handed;
+  auto loss_of = [&] {
+    return autograd::record_loss(sum(x.detach()), "loss", {x}, [&handed, x](const Tensor& g) -> std::vector<Tensor> {
+      handed.push_back(g);
+      const bool implied = autograd::backward_releases_saved() && autograd::gradient_is_implicit_one();
+      return {implied ? ones_like(x) : mul(ones_like(x), g)};
+    });
+  };
+  loss_of().backward();
+  Tensor loss = loss_of();
+  loss.backward(Tensor(), /*retain_graph=*/true);
+  loss.backward(full({}, 2.0, loss.options()));
+  ASSERT_EQ(handed.size(), 3u);
+  EXPECT_FALSE(handed[0].defined()) << "implied 1, graph released";
+  ASSERT_TRUE(handed[1].defined()) << "implied 1, graph retained";
+  EXPECT_EQ(handed[1].item<double>(), 1.0);
+  ASSERT_TRUE(handed[2].defined()) << "an explicit gradient";
+  EXPECT_EQ(handed[2].item<double>(), 2.0);
+  EXPECT_TRUE(all_close(x.grad(), full({3}, 4.0)));
+}
+
 TEST(Engine, BackwardOnTensorWithoutGradIsAClearError) {
   Tensor x = testing::random_tensor({3});
   EXPECT_TRUE(testing::throws_with<ValueError>([&] { sum(x).backward(); }, {"does not require grad"}));
