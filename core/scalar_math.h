@@ -26,26 +26,31 @@ TANDEM_HOST_DEVICE C gelu_tanh(C x) {
 }
 
 // GELU's tanh form differentiated through the logistic function: with u = sqrt(2/pi) (x + 0.044715
-// x^3) and s = sigmoid(2u), 1 + tanh(u) = 2s and 1 - tanh(u)^2 = 4s (1 - s), so the derivative of
-// x (1 + tanh(u)) / 2 is s + 2x s (1 - s) du/dx. Both tails stay accurate (no 1 + tanh(u) that
-// cancels for negative x). On the GPU, f32 takes the special-function unit's exponential and
-// reciprocal (__expf, __fdividef: a few ulp): GELU's backward was bound by tanhf's instructions,
-// not by memory.
+// x^3), e = e^(-2u) and s = sigmoid(2u) = 1 / (1 + e), 1 + tanh(u) = 2s and 1 - tanh(u)^2 =
+// 4s (1 - s), so the derivative of x (1 + tanh(u)) / 2 is s + 2x s (1 - s) du/dx. 1 - s is taken
+// as e s, which does not cancel where s nears 1 (as 1 - tanh(u)^2 does: in f32 that cost ~2e-6 at
+// x = 4, where the derivative's second term is multiplied by ~20), and is 0 where s is (e
+// overflowed). On the GPU, f32 takes the special-function unit's exponential and reciprocal
+// (__expf, __fdividef: a few ulp): GELU's backward was bound by tanhf's instructions, not memory.
 template <typename C>
 TANDEM_HOST_DEVICE C gelu_tanh_grad(C x) {
   const C u = C(kSqrt2OverPi) * (x + C(kGeluCubic) * x * x * x);
   const C du = C(kSqrt2OverPi) * (C(1) + C(3 * kGeluCubic) * x * x);
 #if defined(__CUDA_ARCH__)
-  C s;
+  C e, s;
   if constexpr (std::is_same_v<C, float>) {
-    s = __fdividef(1.0f, 1.0f + __expf(-2.0f * u));  // 0 where e^(-2u) passes 2^126: s is below 1e-38 there
+    e = __expf(-2.0f * u);
+    s = __fdividef(1.0f, 1.0f + e);  // 0 where e passes 2^126: s is below 1e-38 there
   } else {
-    s = C(1) / (C(1) + exp(C(-2) * u));
+    e = exp(C(-2) * u);
+    s = C(1) / (C(1) + e);
   }
 #else
-  const C s = C(1) / (C(1) + std::exp(C(-2) * u));
+  const C e = std::exp(C(-2) * u);
+  const C s = C(1) / (C(1) + e);
 #endif
-  return s + C(2) * x * s * (C(1) - s) * du;
+  const C complement = s > C(0) ? e * s : C(0);  // 1 - s
+  return s + C(2) * x * s * complement * du;
 }
 
 template <typename C>
