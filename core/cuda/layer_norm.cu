@@ -1,12 +1,12 @@
 // CUDA layer norm over the last dim of contiguous (rows, D) tensors, statistics in f32 (f64 for
 // f64). One warp per row: the forward keeps a short row in registers (16-byte loads when D and
-// the pointers allow), so it reads x once and writes out once. The backward computes dx per row
-// (a short row's dy, x and pending held in registers) and sums dy * xhat and dy per column into
-// each warp's own shared-memory slice; a block adds its warps' sums in order into one f32 partial
-// row, and a second kernel adds the blocks' partial rows in order. Up to 128 rows one launch does
-// it all: blocks beside the rows' sum whole columns. When asked, the backward also sums dx itself
-// per column the same way (add_layer_norm's residual bias takes that as its gradient). No
-// atomics: the weight and bias gradients and dx's sums are the same bits on every run.
+// the pointers allow), so it reads x once and writes out once; with few rows it splits each row
+// over several warps (a 16-byte vector a thread) so that the SMs have warps enough to keep busy. The backward computes
+// dx per row (a short row's dy, x and pending held in registers) and sums dy * xhat and dy per column into each warp's
+// own shared-memory slice; a block adds its warps' sums in order into one f32 partial row, and a second kernel adds the
+// blocks' partial rows in order. Up to 128 rows one launch does it all: blocks beside the rows' sum whole columns. When
+// asked, the backward also sums dx itself per column the same way (add_layer_norm's residual bias takes that as its
+// gradient). No atomics: the weight and bias gradients and dx's sums are the same bits on every run.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -40,6 +40,70 @@ __device__ __forceinline__ void load_vector(const T* p, int64_t j, stat_t<acc_t<
   for (int k = 0; k < V; ++k) out[k] = static_cast<stat_t<acc_t<T>>>(to_acc(pack.v[k]));
 }
 
+// One row of the forward: x's row, and with a residual also the residual's and sum's rows.
+template <typename T>
+struct ForwardRow {
+  const T* x;              // (D,)
+  const T* residual;       // (D,), or null
+  const T* residual_bias;  // (D,), or null
+  T* sum;                  // (D,), or null when there is no residual
+  T* out;                  // (D,)
+};
+
+template <typename T>
+__device__ __forceinline__ ForwardRow<T> forward_row(const T* x, const T* residual, const T* residual_bias, T* sum,
+                                                     T* out, int64_t row, int64_t d) {
+  return {x + row * d, residual ? residual + row * d : nullptr, residual_bias, residual ? sum + row * d : nullptr,
+          out + row * d};
+}
+
+// The first read of vector j of the row to normalise: x's, or with a residual x + residual
+// (x + (residual + residual_bias) with a residual bias), each add rounded to T as the add kernels
+// round, and written to sum on the way.
+template <typename T, int V>
+__device__ __forceinline__ void load_forward_input(const ForwardRow<T>& r, int64_t j, stat_t<acc_t<T>> (&v)[V]) {
+  using S = stat_t<acc_t<T>>;
+  load_vector<T, V>(r.x, j, v);
+  if (!r.residual) return;
+  S res[V];
+  load_vector<T, V>(r.residual, j, res);
+  if (r.residual_bias) {
+    S rb[V];
+    load_vector<T, V>(r.residual_bias, j, rb);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      res[k] = static_cast<S>(to_acc(cast_to<T>(static_cast<acc_t<T>>(res[k]) + static_cast<acc_t<T>>(rb[k]))));
+    }
+  }
+  Packed<T, V> pack;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    pack.v[k] = cast_to<T>(static_cast<acc_t<T>>(v[k]) + static_cast<acc_t<T>>(res[k]));
+    v[k] = static_cast<S>(to_acc(pack.v[k]));
+  }
+  reinterpret_cast<Packed<T, V>*>(r.sum)[j] = pack;
+}
+
+// Vector j of the output: (v - mu) * rs, times the weight and plus the bias where given, in T.
+template <typename T, int V>
+__device__ __forceinline__ void store_forward_output(const ForwardRow<T>& r, const T* weight, const T* bias, int64_t j,
+                                                     const stat_t<acc_t<T>> (&v)[V], stat_t<acc_t<T>> mu,
+                                                     stat_t<acc_t<T>> rs) {
+  using S = stat_t<acc_t<T>>;
+  S w[V], b[V];
+  if (weight) load_vector<T, V>(weight, j, w);
+  if (bias) load_vector<T, V>(bias, j, b);
+  Packed<T, V> pack;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    S y = (v[k] - mu) * rs;
+    if (weight) y *= w[k];
+    if (bias) y += b[k];
+    pack.v[k] = cast_to<T>(y);
+  }
+  reinterpret_cast<Packed<T, V>*>(r.out)[j] = pack;
+}
+
 // Row `row` of x (rows, D), normalised into out; each lane owns vectors lane, lane + 32, ... of V
 // elements. kItems > 0: the row is held in registers (D <= 32 * V * kItems); kItems == 0: it is
 // streamed three times (L1 serves the re-reads). With a residual (rows, D), the row normalised
@@ -57,51 +121,14 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
   const int lane = threadIdx.x;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kForwardWarps + threadIdx.y;
   if (row >= rows) return;    // the whole warp leaves together
-  const T* xr = x + row * d;  // (D,)
-  T* orow = out + row * d;    // (D,)
+  const ForwardRow<T> r = forward_row(x, residual, residual_bias, sum, out, row, d);
   const int64_t vectors = d / V;
   const S inv_d = S(1) / static_cast<S>(d);
-  // The first read of a vector: x's, or x + residual's, written to sum on the way.
-  const T* rr = residual ? residual + row * d : nullptr;  // (D,)
-  T* srow = residual ? sum + row * d : nullptr;           // (D,)
-  auto first_load = [&](int64_t j, S(&v)[V]) {
-    load_vector<T, V>(xr, j, v);
-    if (!rr) return;
-    S r[V];
-    load_vector<T, V>(rr, j, r);
-    if (residual_bias) {
-      S rb[V];
-      load_vector<T, V>(residual_bias, j, rb);
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        r[k] = static_cast<S>(to_acc(cast_to<T>(static_cast<acc_t<T>>(r[k]) + static_cast<acc_t<T>>(rb[k]))));
-      }
-    }
-    Packed<T, V> pack;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      pack.v[k] = cast_to<T>(static_cast<acc_t<T>>(v[k]) + static_cast<acc_t<T>>(r[k]));
-      v[k] = static_cast<S>(to_acc(pack.v[k]));
-    }
-    reinterpret_cast<Packed<T, V>*>(srow)[j] = pack;
-  };
-  const T* again = rr ? srow : xr;  // where the streamed passes re-read the row
+  auto first_load = [&](int64_t j, S(&v)[V]) { load_forward_input<T, V>(r, j, v); };
+  const T* again = r.residual ? r.sum : r.x;  // where the streamed passes re-read the row
 
   S mu = 0, rs = 0;
-  auto write = [&](int64_t j, const S(&v)[V]) {
-    S w[V], b[V];
-    if (weight) load_vector<T, V>(weight, j, w);
-    if (bias) load_vector<T, V>(bias, j, b);
-    Packed<T, V> pack;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      S y = (v[k] - mu) * rs;
-      if (weight) y *= w[k];
-      if (bias) y += b[k];
-      pack.v[k] = cast_to<T>(y);
-    }
-    reinterpret_cast<Packed<T, V>*>(orow)[j] = pack;
-  };
+  auto write = [&](int64_t j, const S(&v)[V]) { store_forward_output<T, V>(r, weight, bias, j, v, mu, rs); };
 
   if constexpr (kItems > 0) {
     S v[kItems][V];
@@ -152,6 +179,63 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
     }
   }
   if (lane == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
+// Rows split over W warps, for few rows: a thread holds one 16-byte vector of V elements (D <=
+// 32 * W * V), and a block of (32 * W, split_rows_per_block(W)) threads takes that many rows.
+// With one warp a row, GPT-2 B1 T1024's 1024 rows of 768 left each SM about 8 warps, each working
+// through its 24 elements a lane one dependent instruction after another (ncu on one H200: 5.6 us a
+// call, the SMs active for 56% of it and issuing an instruction every 4 cycles). A row's sums add
+// its warps' sums in warp order through shared memory.
+constexpr int split_rows_per_block(int W) { return W <= 2 ? 4 : W <= 4 ? 2 : 1; }
+constexpr int kSplitWarpsPerSm = 16;  // split when one warp a row would give an SM fewer warps than this
+
+template <typename T, int V, int W>
+__global__ void __launch_bounds__(32 * W * split_rows_per_block(W))
+    layer_norm_forward_split_rows(const T* __restrict__ x, const T* __restrict__ residual,
+                                  const T* __restrict__ residual_bias, const T* __restrict__ weight,
+                                  const T* __restrict__ bias, T* __restrict__ sum, T* __restrict__ out,
+                                  stat_t<acc_t<T>>* __restrict__ mean, stat_t<acc_t<T>>* __restrict__ rstd,
+                                  int64_t rows, int64_t d, double eps) {
+  dependent_kernel_begin();
+  using S = stat_t<acc_t<T>>;
+  constexpr int R = split_rows_per_block(W);
+  __shared__ S warp_sums[2][R][W];  // (the mean's, the variance's; row of the block; warp of the row)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * R + threadIdx.y;
+  const int64_t j = threadIdx.x;  // this thread's vector of the row
+  // Every thread reaches the barriers below, those past the last row or the row's end included.
+  const bool owned = row < rows && j < d / V;
+  const ForwardRow<T> r = forward_row(x, residual, residual_bias, sum, out, row < rows ? row : 0, d);
+  const S inv_d = S(1) / static_cast<S>(d);
+  auto row_sum = [&](int which, S value) {
+    value = warp_sum(value);
+    if (lane == 0) warp_sums[which][threadIdx.y][warp] = value;
+    __syncthreads();
+    S total = 0;
+#pragma unroll
+    for (int w = 0; w < W; ++w) total += warp_sums[which][threadIdx.y][w];
+    return total;
+  };
+  S v[V] = {};
+  S total = 0;
+  if (owned) {
+    load_forward_input<T, V>(r, j, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) total += v[k];
+  }
+  const S mu = row_sum(0, total) * inv_d;
+  S squares = 0;
+  if (owned) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) squares += (v[k] - mu) * (v[k] - mu);
+  }
+  const S rs = S(1) / sqrt(row_sum(1, squares) * inv_d + static_cast<S>(eps));
+  if (owned) store_forward_output<T, V>(r, weight, bias, j, v, mu, rs);
+  if (row < rows && threadIdx.x == 0) {
     mean[row] = mu;
     rstd[row] = rs;
   }
@@ -365,6 +449,116 @@ __device__ __forceinline__ void backward_short_rows(
   }
 }
 
+// The backward's rows split over W warps, for few rows (as the forward's split above): a thread
+// holds one 16-byte vector of V elements of a row (D <= 32 * W * V), a block of (32 * W,
+// split_backward_rows(W)) threads, 24 warps, takes that many rows at a time and strides over the
+// rest. A thread keeps the same columns for every row it takes, so its column sums of dy * xhat
+// and dy (and dx's with partial_ds set) stay in registers; the block adds them over its rows in
+// order, through shared memory (rows, sums, 32 * W * V) in S, into row blockIdx.x of partial_dw,
+// partial_db and partial_ds (gridDim.x, D), which sum_partial_rows then adds. The two sums that
+// give dx are a row's warps' sums added in warp order, through shared memory.
+constexpr int split_backward_rows(int W) { return 24 / W; }
+constexpr int split_row_sums(int W) { return 2 * split_backward_rows(W) * W * 2; }  // S values
+
+template <typename T, int V, int W>
+__global__ void __launch_bounds__(32 * W * split_backward_rows(W))
+    layer_norm_backward_split_rows(const T* __restrict__ grad_out, const T* __restrict__ x,
+                                   const T* __restrict__ weight, const stat_t<acc_t<T>>* __restrict__ mean,
+                                   const stat_t<acc_t<T>>* __restrict__ rstd, const T* __restrict__ pending,
+                                   T* __restrict__ grad_x, stat_t<acc_t<T>>* __restrict__ partial_dw,
+                                   stat_t<acc_t<T>>* __restrict__ partial_db, stat_t<acc_t<T>>* __restrict__ partial_ds,
+                                   int64_t rows, int64_t d) {
+  dependent_kernel_begin();
+  using S = stat_t<acc_t<T>>;
+  constexpr int R = split_backward_rows(W);
+  constexpr int64_t kWidth = 32 * W * V;  // the columns a row's threads cover
+  // Dynamic shared memory: the rows' sums (iteration parity, row of the block, warp, dy's and dy *
+  // xhat's) and after them, when partial_dw is set, the column sums (R, sums, kWidth).
+  extern __shared__ unsigned char shared_raw[];
+  auto row_sums = reinterpret_cast<S(*)[R][W][2]>(shared_raw);                   // (2, R, W, 2)
+  S* column_sums_shared = reinterpret_cast<S*>(shared_raw) + split_row_sums(W);  // (R, sums, kWidth)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t j = threadIdx.x;  // this thread's vector of every row it takes
+  const bool in_row = j < d / V;
+  const S inv_d = S(1) / static_cast<S>(d);
+  auto value = [](T v) { return static_cast<S>(to_acc(v)); };
+  S wv[V];  // the weight's vector j, the same for every row
+#pragma unroll
+  for (int k = 0; k < V; ++k) wv[k] = S(1);
+  if (weight && in_row) load_vector<T, V>(weight, j, wv);
+  S dw[V] = {}, db[V] = {}, ds[V] = {};
+  int parity = 0;
+  // Every thread of the block runs every iteration (the barrier), those past the last row too.
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * R; first < rows;
+       first += static_cast<int64_t>(gridDim.x) * R, parity ^= 1) {
+    const int64_t row = first + threadIdx.y;
+    const bool owned = in_row && row < rows;
+    Packed<T, V> gv = {}, xv = {}, pv = {};
+    S mu = 0, rs = 0;
+    if (owned) {
+      gv = reinterpret_cast<const Packed<T, V>*>(grad_out + row * d)[j];
+      xv = reinterpret_cast<const Packed<T, V>*>(x + row * d)[j];
+      if (pending) pv = reinterpret_cast<const Packed<T, V>*>(pending + row * d)[j];
+      mu = mean[row];
+      rs = rstd[row];
+    }
+    S xhat[V], sum_g = 0, sum_gx = 0;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      xhat[k] = (value(xv.v[k]) - mu) * rs;
+      const S g = value(gv.v[k]) * wv[k];
+      sum_g += g;
+      sum_gx += g * xhat[k];
+    }
+    sum_g = warp_sum(sum_g);
+    sum_gx = warp_sum(sum_gx);
+    if (lane == 0) {
+      row_sums[parity][threadIdx.y][warp][0] = sum_g;
+      row_sums[parity][threadIdx.y][warp][1] = sum_gx;
+    }
+    __syncthreads();  // also keeps the other parity's sums until every thread has read them
+    S a = 0, b = 0;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      a += row_sums[parity][threadIdx.y][w][0];
+      b += row_sums[parity][threadIdx.y][w][1];
+    }
+    a *= inv_d;
+    b *= inv_d;
+    if (!owned) continue;
+    Packed<T, V> pack;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const S g = value(gv.v[k]) * wv[k];
+      pack.v[k] = cast_to<T>(rs * (g - a - xhat[k] * b) + (pending ? value(pv.v[k]) : S(0)));
+      dw[k] += value(gv.v[k]) * xhat[k];
+      db[k] += value(gv.v[k]);
+      ds[k] += value(pack.v[k]);
+    }
+    reinterpret_cast<Packed<T, V>*>(grad_x + row * d)[j] = pack;
+  }
+  if (!partial_dw) return;
+  const int sums = column_sums(partial_ds);
+  S* mine =
+      column_sums_shared + static_cast<int64_t>(threadIdx.y) * sums * kWidth + j * V;  // (sums, kWidth) of row slot y
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    mine[k] = dw[k];
+    mine[kWidth + k] = db[k];
+    if (partial_ds) mine[2 * kWidth + k] = ds[k];
+  }
+  __syncthreads();
+  const int threads = 32 * W * R;
+  for (int64_t c = threadIdx.y * 32 * W + threadIdx.x; c < d; c += threads) {
+    for (int s = 0; s < sums; ++s) {
+      S total = 0;
+      for (int y = 0; y < R; ++y) total += column_sums_shared[(static_cast<int64_t>(y) * sums + s) * kWidth + c];
+      S* partial = s == 0 ? partial_dw : s == 1 ? partial_db : partial_ds;  // (gridDim.x, D)
+      partial[static_cast<int64_t>(blockIdx.x) * d + c] = total;
+    }
+  }
+}
+
 // Short-row backward blocks resident per SM: 128 registers per thread (no spills in 16 bits at
 // three vectors per lane) and up to 48 KiB of sums per block (72 KiB with dx's sums).
 constexpr int kShortRowBlocksPerSm = 2;
@@ -495,12 +689,34 @@ __global__ void layer_norm_column_partials(const T* __restrict__ grad_out, const
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+template <typename T, int V, int W>
+void launch_forward_split(const T* x, const T* r, const T* rb, const T* w, const T* b, T* sum, T* out,
+                          stat_t<acc_t<T>>* mean, stat_t<acc_t<T>>* rstd, int64_t rows, int64_t d, double eps,
+                          cudaStream_t stream) {
+  constexpr int R = split_rows_per_block(W);
+  const unsigned grid = static_cast<unsigned>((rows + R - 1) / R);
+  launch_dependent(layer_norm_forward_split_rows<T, V, W>, grid, dim3(32 * W, R), 0, stream, x, r, rb, w, b, sum, out,
+                   mean, rstd, rows, d, eps);
+}
+
 template <typename T, int V>
 void launch_forward(const T* x, const T* r, const T* rb, const T* w, const T* b, T* sum, T* out, stat_t<acc_t<T>>* mean,
-                    stat_t<acc_t<T>>* rstd, int64_t rows, int64_t d, double eps, cudaStream_t stream) {
+                    stat_t<acc_t<T>>* rstd, int64_t rows, int64_t d, double eps, int device, cudaStream_t stream) {
+  const int64_t per_item = 32 * V;
+  const int64_t warps_per_row = (d / V + 31) / 32;  // for one vector a thread
+  if constexpr (V > 1) {                            // rows in 16-byte vectors
+    if (warps_per_row >= 2 && warps_per_row <= 8 && rows < kSplitWarpsPerSm * multiprocessors(device)) {
+      auto split = warps_per_row == 2   ? launch_forward_split<T, V, 2>
+                   : warps_per_row == 3 ? launch_forward_split<T, V, 3>
+                   : warps_per_row == 4 ? launch_forward_split<T, V, 4>
+                   : warps_per_row <= 6 ? launch_forward_split<T, V, 6>
+                                        : launch_forward_split<T, V, 8>;
+      split(x, r, rb, w, b, sum, out, mean, rstd, rows, d, eps, stream);
+      return;
+    }
+  }
   const dim3 block(32, kForwardWarps);
   const unsigned grid = static_cast<unsigned>((rows + kForwardWarps - 1) / kForwardWarps);
-  const int64_t per_item = 32 * V;
   if (d <= 4 * per_item) {
     launch_dependent(layer_norm_forward_rows<T, V, 4>, grid, block, 0, stream, x, r, rb, w, b, sum, out, mean, rstd,
                      rows, d, eps);
@@ -536,10 +752,11 @@ void forward_typed(const Tensor& x, const Tensor& residual, const Tensor& residu
   const bool vectorised = d % V == 0 && aligned16(px) && aligned16(po) && (!pw || aligned16(pw)) &&
                           (!pb || aligned16(pb)) && (!prr || aligned16(prr)) && (!prb || aligned16(prb)) &&
                           (!ps || aligned16(ps));
+  const int device = x.device().index;
   if (vectorised)
-    launch_forward<T, V>(px, prr, prb, pw, pb, ps, po, pm, pr, rows, d, eps, stream);
+    launch_forward<T, V>(px, prr, prb, pw, pb, ps, po, pm, pr, rows, d, eps, device, stream);
   else
-    launch_forward<T, 1>(px, prr, prb, pw, pb, ps, po, pm, pr, rows, d, eps, stream);
+    launch_forward<T, 1>(px, prr, prb, pw, pb, ps, po, pm, pr, rows, d, eps, device, stream);
   check_launch(residual.defined() ? "add_layer_norm" : "layer_norm");
 }
 
@@ -614,6 +831,29 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
       only_dx.ds = partial_ds;
       reduce_partials(only_dx, row_blocks, /*dx_only=*/true);
     }
+    return;
+  }
+
+  // Few rows in 16-byte vectors (fewer than kSplitWarpsPerSm rows an SM): rows split over warps.
+  const int64_t warps_per_row = (d / V + 31) / 32;
+  if (vectorised && warps_per_row >= 2 && warps_per_row <= 8 && rows < kSplitWarpsPerSm * multiprocessors(device)) {
+    auto kernel = warps_per_row == 2   ? layer_norm_backward_split_rows<T, V, 2>
+                  : warps_per_row == 3 ? layer_norm_backward_split_rows<T, V, 3>
+                  : warps_per_row == 4 ? layer_norm_backward_split_rows<T, V, 4>
+                  : warps_per_row <= 6 ? layer_norm_backward_split_rows<T, V, 6>
+                                       : layer_norm_backward_split_rows<T, V, 8>;
+    const int W = warps_per_row <= 4 ? static_cast<int>(warps_per_row) : warps_per_row <= 6 ? 6 : 8;
+    const int R = split_backward_rows(W);
+    const size_t column_sums_bytes = columns ? static_cast<size_t>(R) * sums * 32 * W * V * sizeof(S) : 0;
+    const size_t shared = split_row_sums(W) * sizeof(S) + column_sums_bytes;
+    allow_dynamic_shared_memory(kernel, device, shared);  // up to 72 KiB in 16 bits, with dx's sums
+    const unsigned grid =
+        static_cast<unsigned>(std::min<int64_t>((rows + R - 1) / R, static_cast<int64_t>(multiprocessors(device))));
+    const Partials partials = make_partials(grid);  // (grid, D) each
+    launch_dependent(kernel, grid, dim3(32 * W, R), shared, stream, pg, px, pw, pm, pr, pp, pdx,
+                     partials.ptr(partials.dw), partials.ptr(partials.db), partials.ptr(partials.ds), rows, d);
+    check_launch("layer_norm_backward (split rows)");
+    if (columns) reduce_partials(partials, grid);
     return;
   }
 

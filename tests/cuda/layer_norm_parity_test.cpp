@@ -1,8 +1,9 @@
 // The fused CUDA layer norm against the CPU's, forward and all three gradients, on fresh random
 // inputs: GPT-2's width (the vectorised, register-resident path), an odd width (the scalar
 // path), a width past the shared-memory budget of the backward (the column-sum path), at most
-// 128 rows (the backward's one-launch path for few rows) and just past that, thousands of rows
-// (several per warp in the short-row backward), and the optional weight and bias left out.
+// 128 rows (the backward's one-launch path for few rows) and just past that, rows split over 2,
+// 3, 4, 6 and 8 warps (fewer rows than 16 an SM), thousands of rows (several per warp in the
+// short-row backward), and the optional weight and bias left out.
 #include "support/test_util.h"
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/kernels.h"
@@ -86,6 +87,14 @@ TEST(LayerNormParity, MatchesCpu) {
     check_case({dtype, 129, 768, true, true, true});   // one more: partial rows, then their sum
     check_case({dtype, 100, 384, true, false, true});  // few rows in f32 too (384 fits its registers)
     check_case({dtype, 128, 256, false, true});
+    // Rows split over warps (fewer than 16 rows an SM): 2 to 8 warps a row, a last warp not
+    // full (640), and more rows than the backward's blocks take at once (2000 on 132 SMs).
+    check_case({dtype, 300, 512, true, true});
+    check_case({dtype, 200, 1024, true, false, true});
+    check_case({dtype, 150, 640, false, true});
+    check_case({dtype, 257, 1536, true, true, true});
+    check_case({dtype, 90, 2048, true, true});
+    check_case({dtype, 2000, 768, true, true, true});
     // Many rows: every warp of the short-row backward takes several rows, and the blocks' partial
     // sums are added by the second kernel. One, two and three 16-byte vectors per lane.
     check_case({dtype, 6000, 768, true, true, true});
@@ -102,7 +111,7 @@ TEST(LayerNormParity, MatchesCpu) {
 
 TEST(LayerNormParity, ParameterGradientsAreTheSameEveryRun) {
   TANDEM_REQUIRE_CUDA();
-  for (int64_t rows : {4096, 128}) {  // partial rows and their sum; the few-rows path
+  for (int64_t rows : {4096, 1024, 128}) {  // short rows, rows split over warps, the few-rows path
     SCOPED_TRACE(::testing::Message() << "rows=" << rows);
     Tensor x = to(testing::random_tensor({rows, 768}, DType::f32), DType::bf16);
     Tensor g = to(testing::random_tensor({rows, 768}, DType::f32), DType::bf16);
@@ -120,8 +129,9 @@ TEST(LayerNormParity, ParameterGradientsAreTheSameEveryRun) {
 
 // The backward's column sums of dx (add_layer_norm's residual-bias gradient): the same dx bits as
 // without them, the sums equal to dx's own rows added in f64, and the same bits every run. Few
-// rows (the one-launch path, its row blocks' partial sums then added), many rows in 16-byte
-// vectors, rows in shared slices, rows too wide for them (summed again from dx), scalar rows.
+// rows (the one-launch path, its row blocks' partial sums then added), rows split over warps,
+// many rows in 16-byte vectors, rows in shared slices, rows too wide for them (summed again from
+// dx), scalar rows.
 TEST(LayerNormParity, ColumnSumsOfTheInputGradient) {
   TANDEM_REQUIRE_CUDA();
   cuda::set_poison_allocations(true);
@@ -132,7 +142,7 @@ TEST(LayerNormParity, ColumnSumsOfTheInputGradient) {
   for (const Case& c : {Case{DType::bf16, 64, 768}, Case{DType::f32, 100, 384}, Case{DType::f16, 128, 256},
                         Case{DType::bf16, 5000, 768}, Case{DType::f16, 3001, 512}, Case{DType::f32, 700, 384},
                         Case{DType::f32, 300, 1024}, Case{DType::bf16, 40, 9000}, Case{DType::f32, 33, 101},
-                        Case{DType::f64, 50, 96}}) {
+                        Case{DType::f64, 50, 96}, Case{DType::bf16, 1500, 768}, Case{DType::bf16, 333, 2048}}) {
     SCOPED_TRACE(::testing::Message() << dtype_name(c.dtype) << " rows=" << c.rows << " D=" << c.d);
     auto fresh = [&](double low, double high) {
       return to(to(testing::random_uniform({c.rows, c.d}, low, high, DType::f64), c.dtype), Device("cuda"));
