@@ -1,12 +1,14 @@
 // CUDA layer norm over the last dim of contiguous (rows, D) tensors, statistics in f32 (f64 for
 // f64). One warp per row: the forward keeps a short row in registers (16-byte loads when D and
-// the pointers allow), so it reads x once and writes out once; with few rows it splits each row
-// over several warps (a 16-byte vector a thread) so that the SMs have warps enough to keep busy. The backward computes
-// dx per row (a short row's dy, x and pending held in registers) and sums dy * xhat and dy per column into each warp's
-// own shared-memory slice; a block adds its warps' sums in order into one f32 partial row, and a second kernel adds the
-// blocks' partial rows in order. Up to 128 rows one launch does it all: blocks beside the rows' sum whole columns. When
-// asked, the backward also sums dx itself per column the same way (add_layer_norm's residual bias takes that as its
-// gradient). No atomics: the weight and bias gradients and dx's sums are the same bits on every run.
+// the pointers allow), so it reads x once and writes out once. The backward computes dx per row
+// (a short row's dy, x and pending held in registers) and sums dy * xhat and dy per column into
+// each warp's own shared-memory slice; a block adds its warps' sums in order into one f32 partial
+// row, and a second kernel adds the blocks' partial rows in order. Up to 128 rows one launch does
+// it all: blocks beside the rows' sum whole columns. With fewer rows than the SMs can keep busy a
+// warp each, both ways split each row over several warps (a 16-byte vector a thread). When asked,
+// the backward also sums dx itself per column the same way (add_layer_norm's residual bias takes
+// that as its gradient). No atomics: the weight and bias gradients and dx's sums are the same bits
+// on every run.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
