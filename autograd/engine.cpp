@@ -8,6 +8,7 @@
 #include "tandem/autograd/grad_mode.h"
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/side_stream.h"
+#include "tandem/core/column_sum_batch.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem::autograd {
@@ -104,6 +105,8 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
   releasing_saved = !retain_graph;
   detail::SideWork side;  // weight gradients made beside the nodes (side_stream.h)
   detail::SideWorkScope side_scope(&side);
+  ColumnSumBatch sums;  // gradients' column sums launched together (column_sum_batch.h)
+  ColumnSumBatchScope sums_scope(column_sums_batched() ? &sums : nullptr);
   std::unordered_map<Node*, int> deps = count_dependencies(root_node);
   std::unordered_map<Node*, Tensor> buffers{{root_node.get(), gradient.defined() ? gradient.detach() : Tensor()}};
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst> ready;
@@ -117,6 +120,8 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
     buffers.erase(it);
     Tensor pending = take_pending_to_fold(*node, buffers);
     if (!node->takes_gradients_beside()) {  // its kernels read them on the compute stream
+      sums.flush_for(grad);
+      sums.flush_for(pending);
       side.join_for(grad);
       side.join_for(pending);
     }
@@ -144,6 +149,8 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
         else if (!slot.defined())
           slot = grads[i];
         else {
+          sums.flush_for(slot);
+          sums.flush_for(grads[i]);
           side.join_for(slot);
           side.join_for(grads[i]);
           slot = kernels::binary(BinaryOp::add, slot, grads[i]);
@@ -174,6 +181,7 @@ void run_backward(const Tensor& root, const Tensor& gradient_in, bool retain_gra
       }
     }
   }
+  sums.flush();     // on the streams the sums' kernels ran on, before the side work is joined
   side.join_all();  // every gradient ready on the compute stream, every leaf's hooks run
   // Callbacks may queue more callbacks; run until none are left.
   for (size_t i = 0; i < callbacks.size(); ++i) {

@@ -4,6 +4,7 @@
 
 #include "tandem/autograd/grad_mode.h"
 #include "tandem/autograd/side_stream.h"
+#include "tandem/core/column_sum_batch.h"
 #include "tandem/core/kernels.h"
 
 namespace tandem::autograd {
@@ -56,6 +57,20 @@ void run_hooks(const Tensor& leaf) {
 
 std::vector<Tensor> AccumulateGrad::apply(Tensor grad) {
   AutogradMeta& m = meta(leaf_);
+  if (ColumnSumBatch* sums = current_column_sum_batch(); sums != nullptr && !sums->empty()) {
+    // A gradient whose column sum waits in the batch becomes .grad as it is, still waiting, when
+    // nothing reads it before backward ends: no .grad to add into, no copy to make, no hook.
+    const bool read_now =
+        m.grad.defined() || !m.post_accumulate_hooks.empty() || !sole_owner(grad, leaf_.suggest_memory_format());
+    if (!read_now && sums->waits_for(grad)) {
+      m.grad = grad;
+      return {};
+    }
+    // Hooks read .grad and may read other leaves' (DDP's buckets): every sum first.
+    if (!m.post_accumulate_hooks.empty()) sums->flush();
+    sums->flush_for(grad);
+    sums->flush_for(m.grad);
+  }
   detail::SideWork* side = detail::current_side_work();
   const uint64_t item = side != nullptr ? side->item_of(grad) : 0;
   if (item == 0) {

@@ -41,9 +41,10 @@ class Node {
   // apply, with `pending` (defined) added into the returned gradient for input 0.
   virtual std::vector<Tensor> apply_folding(Tensor grad_output, const Tensor& pending);
   virtual std::string name() const = 0;
-  // Whether the node may be handed a gradient still being made beside backward (side_stream.h)
-  // without the engine joining it first: its backward only re-views the gradient, or (a leaf's
-  // accumulation) orders its own work after it.
+  // Whether the node may be handed a gradient still being made beside backward (side_stream.h),
+  // or one whose column sum still waits (core/column_sum_batch.h), without the engine joining or
+  // launching it first: its backward only re-views the gradient, or (a leaf's accumulation) orders
+  // its own work after it.
   virtual bool takes_gradients_beside() const { return false; }
   // Frees what the backward saved; called after the node ran unless the graph is retained.
   virtual void release() {}

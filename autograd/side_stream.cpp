@@ -5,6 +5,7 @@
 #include <exception>
 #include <string>
 
+#include "tandem/core/column_sum_batch.h"
 #include "tandem/core/cuda_api.h"
 
 namespace tandem::autograd {
@@ -93,6 +94,9 @@ uint64_t SideWork::launch(int device, std::vector<Tensor> reads, const std::func
   std::exception_ptr failed;
   {
     cuda::StreamGuard on_side(device, side);
+    // Column sums launched by side work run on the side stream with it, not later in a batch
+    // that the compute stream's wait for this item would miss.
+    ColumnSumBatchScope launch_sums_now(nullptr);
     try {
       work();
     } catch (...) {

@@ -109,8 +109,8 @@ void gelu_backward_column_sums_typed(const Tensor& grad, const Tensor& pre, cons
   launch_dependent(kernel, grid, dim3(32, kWarps), 0, stream, pg, px, po, pp, rows, n, rows_per_chunk);
   check_launch("gelu_backward_column_sums");
   PartialRowSums<S, T> sums;
-  sums.add(pp, device_ptr<T>(column_sum));
-  launch_sum_partial_rows(sums, chunks, n, stream, "gelu_backward_column_sums (partial sums)");
+  sums.add(partial, column_sum);
+  sums.launch(device, stream);
 }
 }  // namespace
 

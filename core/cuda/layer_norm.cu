@@ -799,12 +799,12 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
   };
   // grad_weight, grad_bias and grad_x_sum from the blocks' partial column sums (with dx_only,
   // grad_x_sum alone).
-  auto reduce_partials = [&](const Partials& p, int64_t parts, bool dx_only = false) {
+  auto reduce_partials = [&](const Partials& p, bool dx_only = false) {
     PartialRowSums<S, T> column_sums;
-    if (!dx_only && grad_weight.defined()) column_sums.add(p.ptr(p.dw), device_ptr<T>(grad_weight));
-    if (!dx_only && grad_bias.defined()) column_sums.add(p.ptr(p.db), device_ptr<T>(grad_bias));
-    if (x_sum) column_sums.add(p.ptr(p.ds), device_ptr<T>(grad_x_sum));
-    launch_sum_partial_rows(column_sums, parts, d, stream, "layer_norm_backward (partial sums)");
+    if (!dx_only) column_sums.add(p.dw, grad_weight);
+    if (!dx_only) column_sums.add(p.db, grad_bias);
+    if (x_sum) column_sums.add(p.ds, grad_x_sum);
+    column_sums.launch(device, stream);
   };
 
   constexpr int V = 16 / sizeof(T);
@@ -831,7 +831,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
     if (x_sum) {
       Partials only_dx;  // the weight's and bias's sums are written above
       only_dx.ds = partial_ds;
-      reduce_partials(only_dx, row_blocks, /*dx_only=*/true);
+      reduce_partials(only_dx, /*dx_only=*/true);
     }
     return;
   }
@@ -855,7 +855,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
     launch_dependent(kernel, grid, dim3(32 * W, R), shared, stream, pg, px, pw, pm, pr, pp, pdx,
                      partials.ptr(partials.dw), partials.ptr(partials.db), partials.ptr(partials.ds), rows, d);
     check_launch("layer_norm_backward (split rows)");
-    if (columns) reduce_partials(partials, grid);
+    if (columns) reduce_partials(partials);
     return;
   }
 
@@ -878,7 +878,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
     launch_dependent(kernel, grid, block, shared, stream, pg, px, pw, pm, pr, pp, pdx, partials.ptr(partials.dw),
                      partials.ptr(partials.db), partials.ptr(partials.ds), rows, d);
     check_launch("layer_norm_backward");
-    if (columns) reduce_partials(partials, grid);
+    if (columns) reduce_partials(partials);
     return;
   }
 
@@ -917,7 +917,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor& weigh
                      pdw, pdb, pds, rows, d, per_chunk);
     check_launch("layer_norm_backward (column sums)");
   }
-  reduce_partials(partials, parts);
+  reduce_partials(partials);
 }
 }  // namespace
 

@@ -4,8 +4,6 @@
 // embedding), a weight reached through an op (which must wait for it), gradients accumulated over
 // two passes, hooks that read the gradient, and a backward that fails partway. Allocations are
 // poisoned (NaN), so a read that ran before its side work shows. GPU only: each test skips without one.
-#include <cstring>
-
 #include "support/test_util.h"
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/side_stream.h"
@@ -22,28 +20,15 @@ class BesideMode {
  public:
   explicit BesideMode(bool on) : was_(autograd::weight_gradients_beside()) {
     autograd::set_weight_gradients_beside(on);
-    cuda::set_poison_allocations(true);
   }
-  ~BesideMode() {
-    cuda::synchronize();
-    cuda::set_poison_allocations(false);
-    autograd::set_weight_gradients_beside(was_);
-  }
+  ~BesideMode() { autograd::set_weight_gradients_beside(was_); }
 
  private:
   bool was_;
+  testing::PoisonedAllocations poisoned_;  // for the mode's scope
 };
 
-::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined()) return ::testing::AssertionFailure() << "a gradient is missing";
-  Tensor ca = kernels::contiguous(to(a, Device("cpu"))), cb = kernels::contiguous(to(b, Device("cpu")));
-  if (ca.shape() != cb.shape() || ca.dtype() != cb.dtype()) return ::testing::AssertionFailure() << "shapes differ";
-  if (std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) != 0) {
-    return ::testing::AssertionFailure() << "bits differ; max |a - b| = "
-                                         << amax(abs(sub(to(ca, DType::f64), to(cb, DType::f64)))).item<double>();
-  }
-  return ::testing::AssertionSuccess();
-}
+::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) { return testing::bits_match(a, b); }
 
 Tensor gpu_leaf(const Shape& shape, double scale, DType dtype) {
   return to(testing::random_uniform(shape, -scale, scale, TensorOptions(DType::f32, kGpu)), dtype).requires_grad_();

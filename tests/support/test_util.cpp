@@ -7,6 +7,7 @@
 #include <random>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/cuda_api.h"
 #include "tandem/core/views.h"
 
 namespace tandem::testing {
@@ -33,6 +34,23 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
   Tensor ca = kernels::contiguous(a), cb = kernels::contiguous(b);
   return std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(ca.numel()) * ca.element_size()) == 0;
+}
+
+::testing::AssertionResult bits_match(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) return ::testing::AssertionFailure() << "a tensor is missing";
+  Tensor ca = to(a, Device("cpu")), cb = to(b, Device("cpu"));
+  if (ca.shape() != cb.shape() || ca.dtype() != cb.dtype()) return ::testing::AssertionFailure() << "shapes differ";
+  if (!same_bits(ca, cb)) {
+    return ::testing::AssertionFailure() << "bits differ; max |a - b| = "
+                                         << amax(abs(sub(to(ca, DType::f64), to(cb, DType::f64)))).item<double>();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+PoisonedAllocations::PoisonedAllocations() { cuda::set_poison_allocations(true); }
+PoisonedAllocations::~PoisonedAllocations() {
+  cuda::synchronize();
+  cuda::set_poison_allocations(false);
 }
 
 Tensor random_indices(int64_t count, int64_t low, int64_t high, const Shape& shape) {

@@ -32,6 +32,19 @@ Tensor random_transposed_leaf(const Shape& shape);
 
 // Whether two CPU tensors have the same dtype, shape and element bytes (any strides).
 bool same_bits(const Tensor& a, const Tensor& b);
+// Whether two tensors on any device are both defined with the same dtype, shape and element
+// bytes; the failure says which is missing or the largest difference.
+::testing::AssertionResult bits_match(const Tensor& a, const Tensor& b);
+
+// GPU allocations filled with NaN (0xFF bytes) for the scope, so that a read before a write shows;
+// the device is synchronized before it ends.
+class PoisonedAllocations {
+ public:
+  PoisonedAllocations();
+  ~PoisonedAllocations();
+  PoisonedAllocations(const PoisonedAllocations&) = delete;
+  PoisonedAllocations& operator=(const PoisonedAllocations&) = delete;
+};
 
 // `count` i64 indices drawn from [low, high) on the CPU, of `shape` ((count,) when empty);
 // negative ones count from the end. Fresh values on every call.
