@@ -8,7 +8,9 @@
 // partial rows are held, the results' memory is marked as waiting, and one launch adds every
 // waiting sum, in the same order as alone (so to the same bits), when the engine is about to read
 // one of the results (a node's gradient, two gradients it adds, a leaf's accumulation into .grad
-// that exists, a hook), when the held partial rows pass kMaxHeldBytes, or when backward ends.
+// that exists, a hook), when the held partial rows pass kMaxHeldBytes, before an allocation that
+// would set a new peak of the device's memory (so holding them never raises the peak; the CUDA
+// allocator asks), or when backward ends.
 // Parameters' gradients are read by nothing later in backward but their leaves, so in a step
 // without hooks (one GPU) the whole backward's sums go in one launch.
 //

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/column_sum_batch.h"
 #include "tandem/core/cuda/allocator.h"
 #include "tandem/core/cuda/runtime.h"
 
@@ -68,13 +69,15 @@ std::string format_bytes(size_t n) {
   return out.str();
 }
 
+size_t rounded(size_t requested) { return std::max(kMinBlock, (requested + kMinBlock - 1) / kMinBlock * kMinBlock); }
+
 class DeviceAllocator {
  public:
   explicit DeviceAllocator(int device) : device_(device) {}
 
   void* allocate(size_t requested, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mutex_);
-    size_t size = std::max(kMinBlock, (requested + kMinBlock - 1) / kMinBlock * kMinBlock);
+    size_t size = rounded(requested);
     bool small = size <= kSmallRequest;
     auto& pool = small ? small_free_ : large_free_;
     Block key;
@@ -96,6 +99,13 @@ class DeviceAllocator {
     stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
     if (poison_allocations) TANDEM_CUDA_CHECK(cudaMemsetAsync(block->ptr, 0xFF, block->size, stream));
     return block->ptr;
+  }
+
+  // Whether allocating `requested` bytes now would raise the peak of the ordinary pool (a graph's
+  // pool is sized by its capture; its allocations are not asked about).
+  bool would_set_peak(size_t requested) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return thread_pool[device_] == 0 && stats_.allocated + rounded(requested) > stats_.peak_allocated;
   }
 
   void free(void* ptr) {
@@ -304,7 +314,15 @@ DeviceAllocator& allocator(int device) {
 
 void* device_allocate(size_t nbytes, int device) {
   check_device(device);
-  return allocator(device).allocate(nbytes, current_stream(device));
+  DeviceAllocator& a = allocator(device);
+  // Column sums waiting in this thread's backward pass hold their partial rows until they launch
+  // (core/column_sum_batch.h). Launching them before an allocation that would set a new peak
+  // frees those rows first, so waiting never raises the peak: where a step's peak comes late in
+  // backward (the MLP's), the sums launch there; where it comes earlier (GPT-2's), they still go
+  // in one launch.
+  ColumnSumBatch* batch = current_column_sum_batch();
+  if (batch != nullptr && !batch->empty() && a.would_set_peak(nbytes)) batch->flush();
+  return a.allocate(nbytes, current_stream(device));
 }
 
 void device_free(void* ptr, int device) { allocator(device).free(ptr); }

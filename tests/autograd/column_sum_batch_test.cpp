@@ -3,8 +3,8 @@
 // GPU, every gradient of small transformers (layer norms with residual biases, GELU's bias sums,
 // few, split, short and long rows) has the same bits batched as launched one by one, also summed
 // over two passes, through a weight made by an op, with hooks that read gradients, with more sums
-// than one launch takes, and after a backward that fails partway. Allocations are poisoned (NaN),
-// so a read that ran before its sum shows.
+// than one launch takes, and after a backward that fails partway; and waiting never raises the
+// peak memory. Allocations are poisoned (NaN), so a read that ran before its sum shows.
 #include "tandem/core/column_sum_batch.h"
 #include "support/test_util.h"
 #include "tandem/autograd/node.h"
@@ -201,6 +201,14 @@ uint64_t expect_batched_as_one_by_one(const SmallTransformer& model, const std::
     alone = model.grads();
   }
   model.zero_grad();
+  // Headroom under the peak, so that no allocation of the batched pass would set a new one (which
+  // launches the waiting sums early; see WaitingSumsNeverRaiseThePeak): the pass runs as the first
+  // did, beside the copies of its gradients, with partial rows waiting.
+  const int device = kGpu.index;
+  size_t headroom = size_t{64} << 20;
+  for (const Tensor& g : alone) headroom += g.nbytes();
+  empty({static_cast<int64_t>(cuda::max_memory_allocated(device) - cuda::memory_allocated(device) + headroom)},
+        TensorOptions(DType::u8, kGpu));
   BatchMode mode(true);
   const uint64_t before = column_sum_batch_flushes();
   pass();
@@ -262,6 +270,31 @@ TEST(ColumnSumBatchBackward, HooksSeeFinishedGradients) {
     ++checked;
   }
   EXPECT_GT(checked, 6u);  // the second layer's and the final norm's gradients came before the hook
+}
+
+// Few rows and wide layers, as in the MLP benchmark: the weights' gradients outweigh the
+// activations, so the pass's peak comes late in backward, while partial rows wait. The sums
+// launch before the allocation that would pass the peak, which stays that of one by one.
+TEST(ColumnSumBatchBackward, WaitingSumsNeverRaiseThePeak) {
+  TANDEM_REQUIRE_CUDA();
+  const int device = kGpu.index;
+  SmallTransformer model(64, 1024, 3, DType::bf16);
+  auto peak_above_start = [&](bool batched) {  // bytes
+    set_column_sums_batched(batched);
+    model.zero_grad();
+    cuda::synchronize();
+    cuda::reset_peak_memory_stats(device);
+    const size_t start = cuda::memory_allocated(device);
+    model.loss().backward();
+    return cuda::max_memory_allocated(device) - start;
+  };
+  const bool was = column_sums_batched();
+  peak_above_start(false);  // the first pass makes the kernels' plans and caches
+  const size_t alone = peak_above_start(false);
+  const size_t batched = peak_above_start(true);
+  set_column_sums_batched(was);
+  EXPECT_LE(batched, alone);
+  EXPECT_GT(alone, size_t{3} * 2 * 4096 * 1024 * 2) << "the fc and proj weights' gradients, at least";
 }
 
 // 40 layers of width 64 (short rows) make 40 * 3 + 2 + 40 sums: more than one launch takes.
