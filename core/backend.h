@@ -151,8 +151,11 @@ bool linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
 bool linear_backward_input_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre, const Tensor& grad_pre);
 // grad_pre (M, N) = gelu_tanh'(pre (M, N)) * grad (M, N), as unary_backward computes it, and
 // column_sum (N,) = grad_pre's column sums (the bias gradient of the linear layer that made pre),
-// in one pass (core/cuda/gelu_backward.cu). All contiguous, in one floating dtype.
+// in one pass (core/cuda/bias_gradient.cu). All contiguous, in one floating dtype.
 void gelu_backward_column_sums(const Tensor& grad, const Tensor& pre, const Tensor& grad_pre, const Tensor& column_sum);
+// column_sum (N,) = grad (M, N)'s column sums (the bias gradient of a linear layer without an
+// activation), the same way (core/cuda/bias_gradient.cu). Contiguous, in one floating dtype.
+void column_sums(const Tensor& grad, const Tensor& column_sum);
 
 // cuDNN's fused flash attention (core/cuda/cudnn_attention.cpp; where tandem was built without
 // cuDNN's frontend headers, fused_attention_supported says false and the passes throw).

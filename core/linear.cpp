@@ -103,6 +103,11 @@ LinearActivationGrads linear_backward_activation(const Tensor& grad_out, const T
     } else {
       result.grad = unary_backward(UnaryOp::gelu_tanh, result.grad, as_matrix(pre));  // d pre (M, N)
     }
+  } else if (need_bias && grad_out.device().is_cuda()) {
+    // The bias gradient the same way, from the gradient as it is: the weight's product then needs
+    // no bias-gradient epilogue either.
+    result.bias = empty({result.grad.shape()[1]}, result.grad.options());  // (N,)
+    cuda::column_sums(result.grad, result.bias);
   }
   return result;
 }

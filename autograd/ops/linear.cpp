@@ -1,7 +1,7 @@
 // The linear layer as one differentiable op: out = act(x @ weight^T + bias). The forward keeps the
-// pre-activation when there is an activation; the backward takes the activation's gradient, then
-// dx = d @ W, and dW = d^T @ x with the bias gradient (the column sums of d) from the same call
-// on CUDA (cuBLASLt's BGRADB epilogue), beside the rest of backward (autograd/side_stream.h).
+// pre-activation when there is an activation; the backward takes the activation's gradient d with
+// the bias gradient (d's column sums, in the same pass on CUDA: core/cuda/bias_gradient.cu), then
+// dx = d @ W, and dW = d^T @ x beside the rest of backward (autograd/side_stream.h).
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
 #include "tandem/autograd/side_stream.h"

@@ -5,6 +5,7 @@
 // launch takes any number of sums: inside a backward pass they wait in the pass's ColumnSumBatch
 // (core/column_sum_batch.h) and go together.
 #include <algorithm>
+#include <climits>
 #include <vector>
 
 #include "tandem/core/column_sum_batch.h"
@@ -14,18 +15,19 @@
 namespace tandem::cuda {
 
 // The sums of one launch, a kernel parameter: up to N of them. One backward kernel's (up to 3) go
-// in a small table, a batch's in a large one (about 3.5 KB, under the 4 KB every device takes).
-// The large table costs launch time: one backward kernel's sums launched with it took 2.0 us a
-// call in a replayed GPT-2 B1 T1024 step on an H200, where the launches before tables took 1.7.
+// in a small table, a batch's in a large one (about 3.5 KB, under the 4 KB every device takes;
+// GPT-2 124M's backward makes about a hundred). The large table costs launch time: one
+// backward kernel's sums launched with it took 2.0 us a call in a replayed GPT-2 B1 T1024 step on
+// an H200, where the launches before tables took 1.7.
 constexpr int kSmallPartialSumTable = 3;
-constexpr int kLargePartialSumTable = 96;
+constexpr int kLargePartialSumTable = 128;
 
 template <typename S, typename T, int N>
 struct PartialSumTable {
   const S* partial[N];  // (parts[i], d[i]) each
   T* out[N];            // (d[i],) each
-  int64_t parts[N];
-  int64_t d[N];
+  int parts[N];         // 32 bits, to fit the table (launch_partial_sums checks)
+  int d[N];
   // Sum i's blocks are first_block[i] .. first_block[i + 1] - 1, one per 32 columns.
   unsigned first_block[N + 1];
   int count;
@@ -76,8 +78,10 @@ void launch_partial_sums(const std::vector<ColumnSumBatch::Sum>& sums, int devic
       const ColumnSumBatch::Sum& s = sums[first + i];
       table.partial[i] = static_cast<const S*>(s.partial);
       table.out[i] = static_cast<T*>(s.out);
-      table.parts[i] = s.parts;
-      table.d[i] = s.d;
+      TANDEM_CHECK(s.parts <= INT_MAX && s.d <= INT_MAX, "sum_partial_rows: ", s.parts, " partial rows of ", s.d,
+                   " columns: at most ", INT_MAX, " of each");
+      table.parts[i] = static_cast<int>(s.parts);
+      table.d[i] = static_cast<int>(s.d);
       table.first_block[i] = blocks;
       blocks += static_cast<unsigned>((s.d + 31) / 32);
     }

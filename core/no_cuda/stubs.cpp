@@ -182,6 +182,7 @@ bool linear_backward_input_gelu(const Tensor&, const Tensor&, const Tensor&, con
 void gelu_backward_column_sums(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   no_cuda("gelu_backward_column_sums");
 }
+void column_sums(const Tensor&, const Tensor&) { no_cuda("column_sums"); }
 bool cudnn_attention_built() { return false; }
 bool fused_attention_supported(const Tensor&, const Tensor&, const Tensor&) { return false; }
 void fused_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {

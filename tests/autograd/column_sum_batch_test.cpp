@@ -138,17 +138,20 @@ Tensor gpu_leaf(const Shape& shape, double scale, DType dtype) {
 }
 
 // `layers` pre-norm blocks as GPT-2 has them: the residual adds fused into the next layer norm with
-// the projections' biases (layer norm sums them), the MLP's first bias summed by GELU's backward.
+// the projections' biases (layer norm sums them), the MLP's first bias summed by GELU's backward,
+// and before it a layer without an activation (as attention's QKV projection), its bias summed
+// from its gradient as it is.
 struct SmallTransformer {
   int64_t rows, C, H;
   Tensor x0;
-  std::vector<Tensor> params;  // per layer: ln_w, ln_b, fc_w, fc_b, proj_w, proj_b; then ln_f_w, ln_f_b
+  std::vector<Tensor> params;  // per layer: ln_w, ln_b, fc_w, fc_b, proj_w, proj_b, mix_w, mix_b; then ln_f_w, ln_f_b
 
   SmallTransformer(int64_t rows_, int64_t C_, int layers, DType dtype) : rows(rows_), C(C_), H(4 * C_) {
     x0 = to(testing::random_uniform({rows, C}, -1.0, 1.0, TensorOptions(DType::f32, kGpu)), dtype);
     for (int l = 0; l < layers; ++l) {
       for (Tensor p : {gpu_leaf({C}, 1.0, dtype), gpu_leaf({C}, 0.2, dtype), gpu_leaf({H, C}, 0.1, dtype),
-                       gpu_leaf({H}, 0.2, dtype), gpu_leaf({C, H}, 0.05, dtype), gpu_leaf({C}, 0.2, dtype)})
+                       gpu_leaf({H}, 0.2, dtype), gpu_leaf({C, H}, 0.05, dtype), gpu_leaf({C}, 0.2, dtype),
+                       gpu_leaf({C, C}, 0.1, dtype), gpu_leaf({C}, 0.2, dtype)})
         params.push_back(p);
     }
     params.push_back(gpu_leaf({C}, 1.0, dtype));
@@ -156,10 +159,10 @@ struct SmallTransformer {
   }
   // ln_w of layer l may be replaced (a weight made by an op).
   Tensor loss(const std::function<Tensor(const Tensor&)>& ln_weight = nullptr) const {
-    const size_t layers = (params.size() - 2) / 6;
+    const size_t layers = (params.size() - 2) / 8;
     Tensor x = x0, branch, branch_bias;  // the residual stream, and the last projection without its bias
     for (size_t l = 0; l < layers; ++l) {
-      const Tensor* p = &params[6 * l];
+      const Tensor* p = &params[8 * l];
       Tensor w = ln_weight ? ln_weight(p[0]) : p[0];
       Tensor normed;
       if (branch.defined()) {
@@ -167,7 +170,8 @@ struct SmallTransformer {
       } else {
         normed = layer_norm(x, {C}, w, p[1]);
       }
-      Tensor h = linear(normed, p[2], p[3], Activation::gelu_tanh);  // (rows, H)
+      Tensor mixed = linear(normed, p[6], p[7]);                     // (rows, C)
+      Tensor h = linear(mixed, p[2], p[3], Activation::gelu_tanh);   // (rows, H)
       branch = linear(h, p[4], Tensor());                            // (rows, C), its bias in the next norm
       branch_bias = p[5];
     }
@@ -297,7 +301,8 @@ TEST(ColumnSumBatchBackward, WaitingSumsNeverRaiseThePeak) {
   EXPECT_GT(alone, size_t{3} * 2 * 4096 * 1024 * 2) << "the fc and proj weights' gradients, at least";
 }
 
-// 40 layers of width 64 (short rows) make 40 * 3 + 2 + 40 sums: more than one launch takes.
+// 40 layers of width 64 (short rows) make 40 * 3 + 2 (layer norm), 40 (GELU) and 40 (the layers
+// without an activation) sums: more than one launch takes.
 TEST(ColumnSumBatchBackward, MoreSumsThanOneLaunchTakes) {
   TANDEM_REQUIRE_CUDA();
   SmallTransformer model(1024, 64, 40, DType::bf16);

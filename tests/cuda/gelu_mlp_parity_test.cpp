@@ -1,7 +1,7 @@
-// The fused GELU MLP op (gelu_mlp: cuBLASLt's GELU_AUX_BIAS forward, BGRADB, and DGELU in 16 bits
-// backward) against the CPU's composed path in f64, forward and every gradient, on fresh random
-// inputs in f32, bf16 and f16: GPT-2's MLP shape, a hidden width that is no multiple of 8 (GELU's
-// backward composed), no biases, and only some inputs requiring grad.
+// The fused GELU MLP op (gelu_mlp: cuBLASLt's GELU_AUX_BIAS forward; backward, DGELU in 16 bits
+// and the bias gradients as column sums) against the CPU's composed path in f64, forward and every
+// gradient, on fresh random inputs in f32, bf16 and f16: GPT-2's MLP shape, a hidden width that is
+// no multiple of 8 (GELU's backward composed), no biases, and only some inputs requiring grad.
 #include "support/test_util.h"
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/kernels.h"

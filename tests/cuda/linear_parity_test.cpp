@@ -1,4 +1,5 @@
-// The fused CUDA linear op (cuBLASLt's BIAS / GELU_AUX_BIAS epilogues forward, BGRADB backward)
+// The fused CUDA linear op (cuBLASLt's BIAS / GELU_AUX_BIAS epilogues forward; backward, the bias
+// gradient summed in one pass over the output's gradient, through GELU's backward where it had one)
 // against the CPU's composed matmul + add + gelu, forward and every gradient, on fresh random
 // inputs in f32 (with and without TF32), bf16 and f16; GPT-2's MLP shapes, a width that is no
 // multiple of 8 (GELU composed), and no bias.

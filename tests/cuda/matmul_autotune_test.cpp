@@ -29,7 +29,8 @@ TEST(MatmulAutotune, TimedChoicesMatchTheCpuAndStay) {
   for (DType dtype : {DType::bf16, DType::f32}) {
     SCOPED_TRACE(dtype_name(dtype));
     const double tol = dtype == DType::bf16 ? 3e-2 : 2e-4;
-    // The fused linear products: GELU_AUX_BIAS forward, BGRADB and, in 16 bits at 4200 rows, DGELU.
+    // The fused linear products: GELU_AUX_BIAS forward, the weight gradients' and, in 16 bits at
+    // 4200 rows, DGELU.
     Tensor x = rounded({2, 2100, 96}, -1.0, 1.0, dtype);
     Tensor fc_w = rounded({352, 96}, -0.2, 0.2, dtype), fc_b = rounded({352}, -0.5, 0.5, dtype);
     Tensor proj_w = rounded({96, 352}, -0.1, 0.1, dtype), proj_b = rounded({96}, -0.5, 0.5, dtype);

@@ -1,11 +1,14 @@
-// GELU's (tanh form) backward together with the bias gradient of the linear layer it followed:
-// d_pre = dh * gelu'(pre), element by element as the elementwise kernel computes it (the same
-// formula, so the same bits), and d_pre's column sums as rounded, in one pass over dh and pre.
+// A linear layer's bias gradient, the column sums of its output's gradient, in one pass over that
+// gradient: through GELU's (tanh form) backward where the layer had GELU, d_pre = dh * gelu'(pre)
+// element by element as the elementwise kernel computes it (the same formula, so the same bits)
+// and d_pre's column sums as rounded; else the column sums of the gradient as it is.
 // Block (32, kWarps) covers 32 * V columns (each lane one 16-byte vector of V columns where the
 // width and pointers allow) over a chunk of rows, its warps striding the chunk; each thread keeps
 // its V column sums in registers, the block adds its warps' sums in warp order into one partial row
-// (chunks, N), and sum_partial_rows adds those in order. The linear layers' backward takes this in
-// place of GELU's backward kernel plus cuBLASLt's separate bias-gradient (BGRADB) kernel.
+// (chunks, N), and sum_partial_rows adds those in order (inside a backward pass, in one launch with
+// the others: core/column_sum_batch.h). The linear layers' backward takes this in place of
+// cuBLASLt's bias-gradient epilogue (BGRADB), whose own kernel took longer than this one plus its
+// share of the batched launch.
 #include <algorithm>
 #include <type_traits>
 
@@ -18,9 +21,11 @@
 namespace tandem::cuda {
 
 namespace {
-constexpr int kWarps = 8;         // warps per block, each taking every 8th row of the chunk
-constexpr int kRowsInFlight = 2;  // rows a warp loads before computing any (1024 x 4096 bf16 on an
-                                  // H200, this kernel alone: 8.50 us, against 8.94 loading one)
+constexpr int kWarps = 8;  // warps per block, each taking every 8th row of the chunk
+// Rows a warp loads before computing any: through GELU 2 (1024 x 4096 bf16 on an H200, that kernel
+// alone: 8.50 us, against 8.94 loading one); plain sums, which load one vector a row, 4.
+template <bool Gelu>
+constexpr int kRowsInFlight = Gelu ? 2 : 4;
 
 template <typename T>
 using sum_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -28,10 +33,11 @@ using sum_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 template <typename T>
 using GeluBackward = elementwise::UnaryBackward<UnaryOp::gelu_tanh, acc_t<T>>;
 
-template <typename T, int V>
+// Gelu: d_pre = gelu'(pre) * dh, stored, and summed; else dh summed (pre and d_pre unused).
+template <typename T, int V, bool Gelu>
 __global__ void __launch_bounds__(32 * kWarps)
-    gelu_backward_column_sums_kernel(const T* __restrict__ dh, const T* __restrict__ pre, T* __restrict__ d_pre,
-                                     sum_t<T>* __restrict__ partial, int64_t rows, int64_t n, int64_t rows_per_chunk) {
+    column_sums_kernel(const T* __restrict__ dh, const T* __restrict__ pre, T* __restrict__ d_pre,
+                       sum_t<T>* __restrict__ partial, int64_t rows, int64_t n, int64_t rows_per_chunk) {
   dependent_kernel_begin();
   using S = sum_t<T>;
   const GeluBackward<T> gelu_backward{0, 0};
@@ -40,32 +46,37 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t end = std::min(rows, begin + rows_per_chunk);
   S acc[V] = {};
-  // The rows r, r + kWarps, ... of this warp, kRowsInFlight loaded before any is computed (the
-  // column sums still add them in row order).
+  // The rows r, r + kWarps, ... of this warp, R loaded before any is computed (the column sums
+  // still add them in row order).
   auto rows_from = [&](int64_t r, auto rows_in_flight) {
     constexpr int R = decltype(rows_in_flight)::value;
-    Packed<T, V> g[R], x[R];
+    Packed<T, V> g[R];
+    [[maybe_unused]] Packed<T, V> x[Gelu ? R : 1];  // pre, through GELU only
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       g[q] = reinterpret_cast<const Packed<T, V>*>(dh + (r + q * kWarps) * n)[vector];
-      x[q] = reinterpret_cast<const Packed<T, V>*>(pre + (r + q * kWarps) * n)[vector];
+      if constexpr (Gelu) x[q] = reinterpret_cast<const Packed<T, V>*>(pre + (r + q * kWarps) * n)[vector];
     }
 #pragma unroll
     for (int q = 0; q < R; ++q) {
-      Packed<T, V> out;
+      if constexpr (Gelu) {
+        Packed<T, V> out;
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        out.v[k] = cast_to<T>(gelu_backward(to_acc(g[q].v[k]), to_acc(x[q].v[k])));
-        acc[k] += static_cast<S>(to_acc(out.v[k]));
+        for (int k = 0; k < V; ++k) {
+          out.v[k] = cast_to<T>(gelu_backward(to_acc(g[q].v[k]), to_acc(x[q].v[k])));
+          acc[k] += static_cast<S>(to_acc(out.v[k]));
+        }
+        reinterpret_cast<Packed<T, V>*>(d_pre + (r + q * kWarps) * n)[vector] = out;
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += static_cast<S>(to_acc(g[q].v[k]));
       }
-      reinterpret_cast<Packed<T, V>*>(d_pre + (r + q * kWarps) * n)[vector] = out;
     }
   };
   if (vector < n / V) {
+    constexpr int R = kRowsInFlight<Gelu>;
     int64_t r = begin + threadIdx.y;
-    for (; r + (kRowsInFlight - 1) * kWarps < end; r += kRowsInFlight * kWarps) {
-      rows_from(r, std::integral_constant<int, kRowsInFlight>());
-    }
+    for (; r + (R - 1) * kWarps < end; r += R * kWarps) rows_from(r, std::integral_constant<int, R>());
     for (; r < end; r += kWarps) rows_from(r, std::integral_constant<int, 1>());
   }
 #pragma unroll
@@ -80,21 +91,21 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 }
 
+// grad (rows, N) -> column_sum (N,); with pre, grad_pre = gelu'(pre) * grad is what is summed.
 template <typename T>
-void gelu_backward_column_sums_typed(const Tensor& grad, const Tensor& pre, const Tensor& grad_pre,
-                                     const Tensor& column_sum) {
+void column_sums_typed(const Tensor& grad, const Tensor* pre, const Tensor* grad_pre, const Tensor& column_sum) {
   using S = sum_t<T>;
   const int64_t rows = grad.shape()[0], n = grad.shape()[1];
   if (n == 0) return;
-  NvtxRange range("gelu_backward_column_sums");
+  NvtxRange range(pre ? "gelu_backward_column_sums" : "column_sums");
   const int device = grad.device().index;
   DeviceGuard guard(device);
   cudaStream_t stream = stream_of(grad);
-  const T* pg = device_ptr<const T>(grad);  // (rows, N)
-  const T* px = device_ptr<const T>(pre);   // (rows, N)
-  T* po = device_ptr<T>(grad_pre);          // (rows, N)
+  const T* pg = device_ptr<const T>(grad);                  // (rows, N)
+  const T* px = pre ? device_ptr<const T>(*pre) : nullptr;  // (rows, N)
+  T* po = grad_pre ? device_ptr<T>(*grad_pre) : nullptr;    // (rows, N)
   constexpr int kV = 16 / sizeof(T);
-  const bool vectorised = n % kV == 0 && aligned16(pg) && aligned16(px) && aligned16(po);
+  const bool vectorised = n % kV == 0 && aligned16(pg) && (!px || aligned16(px)) && (!po || aligned16(po));
   const int v = vectorised ? kV : 1;
   // About four blocks per SM: blocks of 32 * v columns, times chunks of rows.
   const int64_t column_blocks = (n + 32 * v - 1) / (32 * v);
@@ -105,9 +116,10 @@ void gelu_backward_column_sums_typed(const Tensor& grad, const Tensor& pre, cons
                                                     grad.device()));  // (chunks, N)
   S* pp = device_ptr<S>(partial);
   const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(chunks));
-  auto kernel = vectorised ? gelu_backward_column_sums_kernel<T, kV> : gelu_backward_column_sums_kernel<T, 1>;
+  auto kernel = pre ? (vectorised ? column_sums_kernel<T, kV, true> : column_sums_kernel<T, 1, true>)
+                    : (vectorised ? column_sums_kernel<T, kV, false> : column_sums_kernel<T, 1, false>);
   launch_dependent(kernel, grid, dim3(32, kWarps), 0, stream, pg, px, po, pp, rows, n, rows_per_chunk);
-  check_launch("gelu_backward_column_sums");
+  check_launch(pre ? "gelu_backward_column_sums" : "column_sums");
   PartialRowSums<S, T> sums;
   sums.add(partial, column_sum);
   sums.launch(device, stream);
@@ -116,9 +128,13 @@ void gelu_backward_column_sums_typed(const Tensor& grad, const Tensor& pre, cons
 
 void gelu_backward_column_sums(const Tensor& grad, const Tensor& pre, const Tensor& grad_pre,
                                const Tensor& column_sum) {
-  dispatch_floating(grad.dtype(), "gelu_backward_column_sums", "cuda", [&](auto tag) {
-    gelu_backward_column_sums_typed<device_t<decltype(tag)>>(grad, pre, grad_pre, column_sum);
-  });
+  dispatch_floating(grad.dtype(), "gelu_backward_column_sums", "cuda",
+                    [&](auto tag) { column_sums_typed<device_t<decltype(tag)>>(grad, &pre, &grad_pre, column_sum); });
+}
+
+void column_sums(const Tensor& grad, const Tensor& column_sum) {
+  dispatch_floating(grad.dtype(), "column_sums", "cuda",
+                    [&](auto tag) { column_sums_typed<device_t<decltype(tag)>>(grad, nullptr, nullptr, column_sum); });
 }
 
 }  // namespace tandem::cuda

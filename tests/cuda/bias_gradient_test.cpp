@@ -1,9 +1,9 @@
-// GELU's backward with the column sums of its result in one pass (the bias gradient of the linear
-// layer before GELU; core/cuda/gelu_backward.cu), on fresh random inputs in every floating dtype:
-// d pre has the bits of the GPU's unary_backward (the same formula, rounded once), and its column
-// sums match an f64 sum of that d pre on the CPU. Widths with and without 16-byte vectors, views
-// one element in (no 16-byte loads), one row, no rows, and the same bits run after run. Also GELU's
-// derivative itself in f32 across both tails.
+// A linear layer's bias gradient in one pass over its output's gradient (core/cuda/bias_gradient.cu),
+// on fresh random inputs in every floating dtype. Through GELU's backward: d pre has the bits of the
+// GPU's unary_backward (the same formula, rounded once), and its column sums match an f64 sum of
+// that d pre on the CPU. Without an activation: the gradient's column sums match an f64 sum. Widths
+// with and without 16-byte vectors, views one element in (no 16-byte loads), one row, no rows, and
+// the same bits run after run. Also GELU's derivative itself in f32 across both tails.
 #include <cmath>
 
 #include "support/test_util.h"
@@ -38,6 +38,15 @@ GeluBackwardResult run(const Tensor& grad, const Tensor& pre) {
   return r;
 }
 
+// Each column's sum within f32's rounding of its terms' magnitudes, plus the one rounding of the
+// sum to the dtype. terms (rows, n) in f64.
+void expect_column_sums_close(const Tensor& got, const Tensor& terms, DType dtype) {
+  Tensor exact = sum(terms, {0});  // (n,) in f64
+  Tensor allowed = add(mul(sum(abs(terms), {0}), sum_tolerance(dtype)), mul(abs(exact), rounding(dtype)));
+  Tensor excess = sub(abs(sub(on_cpu_f64(got), exact)), allowed);  // (n,): <= 0 where close
+  if (terms.shape()[1] > 0) EXPECT_LE(amax(excess).item<double>(), 0.0) << "column sums";
+}
+
 TEST(GeluBackwardColumnSums, MatchesTheElementwiseKernelAndAnF64Sum) {
   TANDEM_REQUIRE_CUDA();
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 4096}, {1000, 3072}, {77, 44}, {1, 8}, {0, 16}};
@@ -51,15 +60,42 @@ TEST(GeluBackwardColumnSums, MatchesTheElementwiseKernelAndAnF64Sum) {
         GeluBackwardResult got = run(grad, pre);
         Tensor expected = kernels::unary_backward(UnaryOp::gelu_tanh, grad, pre);  // (rows, n)
         EXPECT_TRUE(testing::all_close(on_cpu_f64(got.grad_pre), on_cpu_f64(expected), 0, 0)) << "d pre";
-        // Each column's sum within f32's rounding of its terms' magnitudes, plus the one rounding
-        // of the sum to the dtype.
-        Tensor grad_pre = on_cpu_f64(got.grad_pre);
-        Tensor exact = sum(grad_pre, {0});  // (n,) in f64
-        Tensor allowed = add(mul(sum(abs(grad_pre), {0}), sum_tolerance(dtype)), mul(abs(exact), rounding(dtype)));
-        Tensor excess = sub(abs(sub(on_cpu_f64(got.column_sum), exact)), allowed);  // (n,): <= 0 where close
-        if (n > 0) EXPECT_LE(amax(excess).item<double>(), 0.0) << "column sums";
+        expect_column_sums_close(got.column_sum, on_cpu_f64(got.grad_pre), dtype);
       }
     }
+  }
+}
+
+// The bias gradient of a layer without an activation: 2304 columns as GPT-2's QKV projection has,
+// 1024 as the MLP benchmark's last layer, odd widths, one row, no rows.
+TEST(ColumnSums, MatchAnF64Sum) {
+  TANDEM_REQUIRE_CUDA();
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 2304}, {8192, 1024}, {1000, 3072},
+                                                           {77, 44},     {1, 8},       {0, 16}};
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (const auto& [rows, n] : shapes) {
+      for (int64_t start : {0, 1}) {
+        SCOPED_TRACE(::testing::Message()
+                     << dtype_name(dtype) << " (" << rows << ", " << n << ")" << (start ? " unaligned" : ""));
+        Tensor grad = random_matrix(rows, n, start, -1.0, 1.0, dtype);
+        Tensor got = empty({n}, grad.options());
+        cuda::column_sums(grad, got);
+        expect_column_sums_close(got, on_cpu_f64(grad), dtype);
+        if (rows == 0 && n > 0) EXPECT_EQ(amax(abs(on_cpu_f64(got))).item<double>(), 0.0);
+      }
+    }
+  }
+}
+
+TEST(ColumnSums, AreReproducible) {
+  TANDEM_REQUIRE_CUDA();
+  Tensor grad = random_matrix(1024, 2304, 0, -1.0, 1.0, DType::bf16);
+  Tensor first = empty({2304}, grad.options());
+  cuda::column_sums(grad, first);
+  for (int again = 0; again < 3; ++again) {
+    Tensor got = empty({2304}, grad.options());
+    cuda::column_sums(grad, got);
+    EXPECT_TRUE(testing::all_close(on_cpu_f64(got), on_cpu_f64(first), 0, 0));
   }
 }
 
