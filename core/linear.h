@@ -31,7 +31,7 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
 // weight's product on a second stream, beside the rest of backward: autograd/side_stream.h).
 struct LinearActivationGrads {
   Tensor grad;  // (M, N): d pre, or grad_out as a contiguous matrix when act is none
-  Tensor bias;  // (N,): the bias gradient where the activation's pass summed it (gelu on CUDA)
+  Tensor bias;  // (N,): the bias gradient when asked for on CUDA (summed in one pass over grad)
 };
 LinearActivationGrads linear_backward_activation(const Tensor& grad_out, const Tensor& pre, Activation act,
                                                  bool need_bias);

@@ -12,8 +12,8 @@
 //   reads pre (M, K) row-major as the aux (K, M) with leading dimension K (bf16 and f16 only:
 //   see core/linear.cpp). DGELU_BGRAD, which
 //   also sums d_pre into the bias gradient of the layer that made pre, made GPT-2's bf16 step 6%
-//   slower on an H200: that bias gradient comes from the layer's own weight-gradient matmul
-//   (BGRADB) instead.
+//   slower on an H200: the linear ops sum that bias gradient in a pass of their own
+//   (core/cuda/bias_gradient.cu), which beat BGRADB on the weight gradient's matmul as well.
 // Algorithms come from the heuristic (or are timed: cuda::set_matmul_autotune) and are cached per
 // problem; a problem without an algorithm is reported (false) so the caller composes plain kernels
 // instead.
