@@ -19,7 +19,7 @@
 //   GraphCaptureError naming the call, and the capture is abandoned.
 // - Values the host changes between replays without a recapture are read from device memory:
 //   the learning rate of tandem's optimizers and the offsets of random draws (dropout) are written
-//   to the device before each replay (`before_each_replay`).
+//   there by a node of the graph whose arguments each launch sets (`write_on_each_replay`).
 // - Collectives are watched in every replay as in eager mode: the capture issues none; each replay
 //   issues the captured ones again (new sequence numbers, flight-recorder entries), and the
 //   group's watchdog fails the group when a replay's collectives run past the timeout, saying they
@@ -55,6 +55,22 @@ void keep_until_capture_ends(std::shared_ptr<void> object);
 // During a capture: `fn` runs on the host before every replay of the graph being captured, with
 // the graph's stream current (for writing this replay's values to the device).
 void before_each_replay(std::function<void()> fn);
+
+// During a capture: adds a node to the graph that writes `nbytes` bytes (1 to 64) to `dst` (device
+// memory made outside the graph's pool: see OutsideGraphPool) at the start of every replay; work
+// captured next on the calling thread's current stream waits for it. Before each launch of a
+// replay `values` runs on the host (after the before-replay functions) and fills the bytes that
+// replay writes: they are the node's arguments, set on the instantiated graph, so no copy runs
+// between replays and a replay already queued keeps its own values. The node starts with the
+// graph, beside its first nodes. `values` is not called at capture.
+void write_on_each_replay(void* dst, size_t nbytes, std::function<void(void* bytes)> values);
+
+// During a capture on `device`: copies `nbytes` bytes from the host into device memory that the
+// graph being captured holds until it is reset or destroyed, and returns that memory. For values
+// fixed at capture that the graph reads (the optimizers' tensor tables): an upload inside the
+// capture becomes a copy that every replay runs again, because the graph's own pool may reuse its
+// destination for something else; this memory is outside that pool, written once, now.
+void* upload_for_graph(const void* src, size_t nbytes, int device);
 
 // During a capture: `fn` runs on the host right after every launch of a replay of the graph being
 // captured (its work may still be queued), in the order the functions were added, with the stream
@@ -123,8 +139,8 @@ class Graph {
   // Abandons a capture under way (after an error inside it); never throws.
   void abandon_capture() noexcept;
 
-  // Runs the before-replay functions, then the graph on the device's current stream, then the
-  // after-replay functions.
+  // Runs the before-replay functions, sets the values of write_on_each_replay's nodes, launches the
+  // graph on the device's current stream, then runs the after-replay functions.
   void replay();
   // Destroys the graph and gives its memory pool back (after the device finished with it).
   void reset();

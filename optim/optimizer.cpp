@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "tandem/autograd/grad_mode.h"
@@ -161,14 +162,14 @@ void Optimizer::step_impl(const StepScaling* scaling, const std::function<bool(c
 void Optimizer::track_lr_on_device(ParamGroup& group, Device device) {
   if (!device.is_cuda() || group.device_hyper_capture == cuda::capture_id()) return;
   if (!group.device_hyper.defined() || group.device_hyper.device() != device) {
-    cuda::OutsideGraphPool outside(device.index);  // written before every replay: no node may reuse it
+    cuda::OutsideGraphPool outside(device.index);  // written at the start of every replay: no node may reuse it
     group.device_hyper = empty({2}, TensorOptions(DType::f64, device));  // (2,) lr, 1 - lr * weight_decay
   }
   group.device_hyper_capture = cuda::capture_id();
   ParamGroup* g = &group;
-  cuda::before_each_replay([g] {
+  cuda::write_on_each_replay(group.device_hyper.data_ptr(), 2 * sizeof(double), [g](void* bytes) {
     const double values[2] = {g->lr, 1.0 - g->lr * g->weight_decay};
-    cuda::copy_host_to_device(g->device_hyper.data_ptr(), values, sizeof values, g->device_hyper.device().index);
+    std::memcpy(bytes, values, sizeof values);
   });
 }
 

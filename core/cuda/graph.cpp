@@ -12,6 +12,7 @@
 #include "tandem/core/backend.h"
 #include "tandem/core/cuda/allocator.h"
 #include "tandem/core/cuda/graph_rewrite.h"
+#include "tandem/core/cuda/replay_values.h"
 #include "tandem/core/cuda/runtime.h"
 #include "tandem/core/random.h"
 
@@ -29,6 +30,15 @@ struct Graph::State {
   std::vector<std::function<void()>> before_replay;
   std::vector<std::function<void()>> after_replay;
   std::vector<void*> staging;               // pinned host copies of captured uploads, read by every replay
+  // Nodes that write values the host sets before every launch (write_on_each_replay).
+  struct ReplayWrite {
+    cudaGraphNode_t node = nullptr;
+    void* dst = nullptr;  // (nbytes,) bytes of device memory
+    unsigned nbytes = 0;
+    std::function<void(void*)> values;
+  };
+  std::vector<ReplayWrite> writes;
+  std::vector<Tensor> uploaded;  // upload_for_graph's memory, outside the pool: held until reset
   // Random draws inside the capture, per generator.
   struct Draws {
     Generator* generator = nullptr;
@@ -101,6 +111,29 @@ void join_capture(StreamHandle stream, const std::vector<GraphNode>& nodes, cons
                                                         cudaStreamSetCaptureDependencies));
 }
 
+void write_on_each_replay(void* dst, size_t nbytes, std::function<void(void*)> values) {
+  Graph::State& s = active_capture("write_on_each_replay");
+  TANDEM_CHECK_AS(ValueError, nbytes > 0 && nbytes <= kReplayValueBytes, "write_on_each_replay: ", nbytes,
+                  " bytes; a node writes 1 to ", kReplayValueBytes);
+  DeviceGuard guard(s.device);
+  cudaStream_t stream = current_stream(s.device);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr, nullptr));
+  TANDEM_CHECK_AS(GraphCaptureError, status == cudaStreamCaptureStatusActive,
+                  "write_on_each_replay: the current stream of cuda:", s.device, " is not part of the capture");
+  // A root of the graph: it runs at the start of every replay, beside the first nodes rather than
+  // in line with them, and what this stream captures next waits for it. Its values until the first
+  // launch sets them: zeros.
+  Graph::State::ReplayWrite w{nullptr, dst, static_cast<unsigned>(nbytes), std::move(values)};
+  ReplayValues zeros{};
+  void* args[3];
+  const cudaKernelNodeParams params = replay_values_node(&zeros, &w.dst, &w.nbytes, args);
+  TANDEM_CUDA_CHECK(cudaGraphAddKernelNode(&w.node, graph, nullptr, 0, &params));
+  TANDEM_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(stream, &w.node, nullptr, 1, cudaStreamAddCaptureDependencies));
+  s.writes.push_back(std::move(w));
+}
+
 void keep_until_capture_ends(std::shared_ptr<void> object) {
   active_capture("keep_until_capture_ends").kept.push_back(std::move(object));
 }
@@ -136,23 +169,48 @@ CapturedDraw capture_random_draw(Generator& gen, uint64_t count, int device) {
     if (existing.generator == &gen) d = &existing;
   }
   if (d == nullptr) {
-    OutsideGraphPool outside(device);  // written before every replay: no node of the graph may reuse it
-    s.draws.push_back(Graph::State::Draws{&gen, gen.offset(), 0, empty({2}, TensorOptions(DType::i64, Device(DeviceType::cuda, device)))});
+    Tensor base;  // (2,) i64
+    {
+      OutsideGraphPool outside(device);  // written at the start of every replay: no node of the graph may reuse it
+      base = empty({2}, TensorOptions(DType::i64, Device(DeviceType::cuda, device)));
+    }
+    s.draws.push_back(Graph::State::Draws{&gen, gen.offset(), 0, base});
     d = &s.draws.back();
     Generator* g = &gen;
-    Tensor base = d->base;
     const size_t index = s.draws.size() - 1;
     Graph::State* state = &s;
     // Every replay draws where the eager stream is now, then moves the generator past its draws.
-    s.before_replay.push_back([g, base, index, state] {
+    write_on_each_replay(base.data_ptr(), 2 * sizeof(uint64_t), [g, index, state](void* bytes) {
       const uint64_t values[2] = {g->seed(), g->offset()};
-      copy_host_to_device(base.data_ptr(), values, sizeof values, base.device().index);
+      std::memcpy(bytes, values, sizeof values);
       g->advance(state->draws[index].counters);
     });
   }
   const uint64_t first = gen.advance(count);
   d->counters += count;
   return CapturedDraw{first - d->start_offset, static_cast<const uint64_t*>(d->base.data_ptr())};
+}
+
+void* upload_for_graph(const void* src, size_t nbytes, int device) {
+  Graph::State& s = active_capture("upload_for_graph");
+  TANDEM_CHECK_AS(GraphCaptureError, device == s.device, "upload_for_graph: cuda:", device,
+                  " inside a CUDA graph capture of cuda:", s.device);
+  Tensor held;  // (nbytes,) u8
+  {
+    OutsideGraphPool outside(device);  // the current stream is now the eager one, which is not capturing
+    held = empty({static_cast<int64_t>(nbytes == 0 ? 1 : nbytes)}, TensorOptions(DType::u8, Device(DeviceType::cuda, device)));
+    // The capture forbids waiting on this thread; this copy is no part of it, and is done when the
+    // capture ends (the graph's first launch comes after).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    TANDEM_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    cudaStream_t stream = current_stream(device);
+    cudaError_t status = cudaMemcpyAsync(held.data_ptr(), src, nbytes, cudaMemcpyHostToDevice, stream);
+    if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    TANDEM_CUDA_CHECK(status);
+  }
+  s.uploaded.push_back(held);
+  return held.data_ptr();
 }
 
 bool capturing_uploads() { return capturing_state != nullptr; }
@@ -259,8 +317,10 @@ void Graph::abandon_capture() noexcept {
   if (capturing_state == &s) leave_capture(s);
   s.capturing = false;
   s.kept.clear();
+  s.uploaded.clear();  // nothing ran that reads it
   s.before_replay.clear();
   s.after_replay.clear();
+  s.writes.clear();
   s.draws.clear();
 }
 
@@ -270,6 +330,13 @@ void Graph::replay() {
   check_not_capturing("replaying a CUDA graph");
   DeviceGuard guard(s.device);
   for (auto& fn : s.before_replay) fn();
+  for (auto& w : s.writes) {
+    ReplayValues values{};
+    w.values(values.bytes);
+    void* args[3];
+    const cudaKernelNodeParams params = replay_values_node(&values, &w.dst, &w.nbytes, args);
+    TANDEM_CUDA_CHECK(cudaGraphExecKernelNodeSetParams(s.exec, w.node, &params));
+  }
   TANDEM_CUDA_CHECK(cudaGraphLaunch(s.exec, current_stream(s.device)));
   ++s.replays;
   for (auto& fn : s.after_replay) fn();
@@ -288,8 +355,10 @@ void Graph::reset() {
   s.graph = nullptr;
   for (void* p : s.staging) cudaFreeHost(p);
   s.staging.clear();
+  s.uploaded.clear();
   s.before_replay.clear();
   s.after_replay.clear();
+  s.writes.clear();
   s.draws.clear();
   release_pool(s.device, s.pool, compute_stream(s.device));
   s.pool = 0;

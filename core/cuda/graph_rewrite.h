@@ -4,8 +4,8 @@
 //
 // Why: in a replay on an H200 (2026-11-25) a memset node held the next kernel back by about 5 us
 // and a small host-to-device copy node by about 10, where a kernel node costs about 1. cuDNN's
-// attention issues a 4-byte memset before each call (24 in a GPT-2 step), and tandem's uploads
-// inside a capture (the optimizers' tensor tables, `arange`, `from_vector`) are copies of a few KiB
+// attention issues a 4-byte memset before each call (24 in a GPT-2 step), as cuBLASLt does before
+// some products, and tandem's uploads inside a capture (`from_vector`'s) are copies of a few KiB
 // from pinned memory the graph owns.
 #include <cuda_runtime.h>
 

@@ -11,7 +11,9 @@
 // - The buffer goes to the device in one upload, into a block of tandem's caching allocator on the
 //   stream the kernel runs on, so the block is only reused after the kernel (stream order), and the
 //   number of tensors is not limited by the size of kernel parameters. It grows with the number
-//   of tensors, not of chunks.
+//   of tensors, not of chunks. Inside a graph capture the tables are the same at every replay:
+//   they are uploaded once, into memory the graph holds (upload_for_graph), and no replay copies
+//   them.
 // - Block b updates its chunk in a loop over its elements: 16-byte loads of the f32 / f64 state
 //   (4 / 2 elements, with the matching 8- or 16-byte loads of 16-bit parameters and gradients)
 //   when every pointer of the tensor is aligned for them, one element at a time otherwise (views
@@ -38,6 +40,7 @@
 #include <type_traits>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/cuda/dependent_launch.cuh"
 #include "tandem/core/cuda/loops.cuh"
 #include "tandem/core/master_halves.h"
@@ -301,7 +304,7 @@ bool aligned_to(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr
 
 // The tables of one multi-tensor launch, on the device.
 struct Tables {
-  Tensor buffer;  // (bytes,) u8: the tensor table, then the chunk starts
+  Tensor buffer;  // (bytes,) u8: the tensor table, then the chunk starts (inside a capture: the graph's)
   const TensorSlot* tensors = nullptr;
   const int64_t* chunk_starts = nullptr;  // (num_tensors,)
   int64_t num_tensors = 0, num_chunks = 0;
@@ -335,9 +338,15 @@ Tables upload_tables(const char* name, std::vector<TensorSlot> slots, const std:
   std::vector<unsigned char> host(slot_bytes + start_bytes);  // tensor table, then chunk starts
   std::memcpy(host.data(), slots.data(), slot_bytes);
   std::memcpy(host.data() + slot_bytes, chunk_starts.data(), start_bytes);
-  tables.buffer = empty({static_cast<int64_t>(host.size())}, TensorOptions(DType::u8, device));  // (bytes,)
-  copy_host_to_device(tables.buffer.data_ptr(), host.data(), host.size(), device.index);
-  auto* base = static_cast<const unsigned char*>(tables.buffer.data_ptr());
+  const unsigned char* base = nullptr;
+  if (is_capturing()) {
+    // Every replay reads the same tables: uploaded once, not copied again before each update.
+    base = static_cast<const unsigned char*>(upload_for_graph(host.data(), host.size(), device.index));
+  } else {
+    tables.buffer = empty({static_cast<int64_t>(host.size())}, TensorOptions(DType::u8, device));  // (bytes,)
+    copy_host_to_device(tables.buffer.data_ptr(), host.data(), host.size(), device.index);
+    base = static_cast<const unsigned char*>(tables.buffer.data_ptr());
+  }
   tables.tensors = reinterpret_cast<const TensorSlot*>(base);
   tables.chunk_starts = reinterpret_cast<const int64_t*>(base + slot_bytes);
   tables.num_tensors = static_cast<int64_t>(slots.size());

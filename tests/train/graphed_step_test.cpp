@@ -9,6 +9,7 @@
 #include "models/resnet.h"
 #include "support/test_util.h"
 #include "tandem/amp/grad_scaler.h"
+#include "tandem/core/backend.h"
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/cuda_graph.h"
 #include "tandem/core/determinism.h"
@@ -294,6 +295,67 @@ TEST(CudaGraph, UncapturableCallsAreNamed) {
         inner.capture_begin(0);
       },
       "captures do not nest");
+}
+
+TEST(CudaGraph, ValuesWrittenOnEachReplayAreTheOnesOfThatLaunch) {
+  SKIP_WITHOUT_GPU();
+  Tensor values = zeros({2}, TensorOptions(DType::f64, kGpu));  // (2,) what each replay writes
+  Tensor total = zeros({2}, TensorOptions(DType::f64, kGpu));   // (2,) their sum over the replays
+  (void)kernels::unary(UnaryOp::neg, total);                    // warm
+  int launches = 0;
+  cuda::Graph graph;
+  {
+    cuda::GraphCapture capture(graph, 0);
+    cuda::write_on_each_replay(values.data_ptr(), 2 * sizeof(double), [&launches](void* bytes) {
+      const double v[2] = {1.0 + launches, -0.5 * launches};
+      std::memcpy(bytes, v, sizeof v);
+      ++launches;
+    });
+    kernels::add_(total, values);
+    capture.end();
+  }
+  EXPECT_EQ(launches, 0);  // nothing is asked at capture
+  // The replays queue behind a few milliseconds of products, so each launch's values are set while
+  // earlier replays still wait: each must write its own.
+  Tensor a = randn({2048, 2048}, kGpu);
+  for (int i = 0; i < 8; ++i) a = matmul(a, a) * (1.0 / 2048);
+  constexpr int kReplays = 20;
+  for (int i = 0; i < kReplays; ++i) graph.replay();
+  std::vector<double> got = to(total, Device("cpu")).to_double_vector();
+  EXPECT_EQ(launches, kReplays);
+  EXPECT_EQ(got[0], kReplays + kReplays * (kReplays - 1) / 2.0);  // 1 + 2 + ... + 20
+  EXPECT_EQ(got[1], -0.5 * kReplays * (kReplays - 1) / 2.0);
+  EXPECT_TRUE(
+      testing::throws_with<GraphCaptureError>([&] { cuda::write_on_each_replay(values.data_ptr(), 8, [](void*) {}); },
+                                              {"write_on_each_replay: no CUDA graph capture is under way"}));
+  {
+    cuda::Graph other;
+    cuda::GraphCapture capture(other, 0);
+    EXPECT_TRUE(
+        testing::throws_with<ValueError>([&] { cuda::write_on_each_replay(values.data_ptr(), 65, [](void*) {}); },
+                                         {"write_on_each_replay: 65 bytes; a node writes 1 to 64"}));
+  }
+}
+
+TEST(CudaGraph, UploadsForTheGraphAreWrittenOnceAndHeldWithIt) {
+  SKIP_WITHOUT_GPU();
+  Tensor x = randn({16}, kGpu);
+  (void)kernels::unary(UnaryOp::neg, x);  // warm
+  std::vector<float> host = {1.5f, -2.0f, 3.25f};
+  cuda::Graph graph;
+  const void* uploaded = nullptr;
+  {
+    cuda::GraphCapture capture(graph, 0);
+    uploaded = cuda::upload_for_graph(host.data(), host.size() * sizeof(float), 0);
+    host[0] = 99.0f;  // the bytes were taken at the call
+    (void)kernels::unary(UnaryOp::neg, x);
+    capture.end();
+  }
+  EXPECT_EQ(graph.num_nodes(), 1);  // the op's kernel: no copy for the upload
+  for (int i = 0; i < 3; ++i) graph.replay();
+  std::vector<float> back(3);
+  cuda::copy_device_to_host(back.data(), uploaded, back.size() * sizeof(float), 0);
+  EXPECT_EQ(back, (std::vector<float>{1.5f, -2.0f, 3.25f}));
 }
 
 TEST(CudaGraph, ReplaysReuseTheirPoolAndResetGivesItBack) {
