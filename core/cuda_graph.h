@@ -52,8 +52,10 @@ void check_not_capturing(const char* what);
 // During a capture: keeps `object` alive until the capture ends (e.g. the tensors of a collective
 // the graph runs: after the capture only the graph uses their memory).
 void keep_until_capture_ends(std::shared_ptr<void> object);
-// During a capture: `fn` runs on the host before every replay of the graph being captured, with
-// the graph's stream current (for writing this replay's values to the device).
+// During a capture: `fn` runs on the host before every launch of a replay of the graph being
+// captured, with the graph's stream current (dist's NCCL group checks there that it may replay).
+// Values a replay reads from the device are better written by write_on_each_replay's nodes: work
+// queued here runs between two replays.
 void before_each_replay(std::function<void()> fn);
 
 // During a capture: adds a node to the graph that writes `nbytes` bytes (1 to 64) to `dst` (device
