@@ -304,7 +304,7 @@ bool aligned_to(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr
 
 // The tables of one multi-tensor launch, on the device.
 struct Tables {
-  Tensor buffer;  // (bytes,) u8: the tensor table, then the chunk starts (inside a capture: the graph's)
+  Tensor buffer;  // (bytes,) u8: the tensor table, then the chunk starts; undefined inside a capture (the graph holds them)
   const TensorSlot* tensors = nullptr;
   const int64_t* chunk_starts = nullptr;  // (num_tensors,)
   int64_t num_tensors = 0, num_chunks = 0;
