@@ -38,7 +38,9 @@ struct Graph::State {
     std::function<void(void*)> values;
   };
   std::vector<ReplayWrite> writes;
-  std::vector<Tensor> uploaded;  // upload_for_graph's memory, outside the pool: held until reset
+  // upload_for_graph's and scratch_for_graph's memory, outside the pool: held until reset.
+  std::vector<Tensor> held;
+  std::vector<MemoryRange> scratch;  // scratch_for_graph's, touched by one captured call each
   // Random draws inside the capture, per generator.
   struct Draws {
     Generator* generator = nullptr;
@@ -209,7 +211,22 @@ void* upload_for_graph(const void* src, size_t nbytes, int device) {
     cudaThreadExchangeStreamCaptureMode(&mode);
     TANDEM_CUDA_CHECK(status);
   }
-  s.uploaded.push_back(held);
+  s.held.push_back(held);
+  return held.data_ptr();
+}
+
+void* scratch_for_graph(size_t nbytes, int device) {
+  Graph::State& s = active_capture("scratch_for_graph");
+  TANDEM_CHECK_AS(GraphCaptureError, device == s.device, "scratch_for_graph: cuda:", device,
+                  " inside a CUDA graph capture of cuda:", s.device);
+  if (nbytes == 0) return nullptr;
+  Tensor held;  // (nbytes,) u8
+  {
+    OutsideGraphPool outside(device);  // a block of the pool may have been used by earlier nodes
+    held = empty({static_cast<int64_t>(nbytes)}, TensorOptions(DType::u8, Device(DeviceType::cuda, device)));
+  }
+  s.held.push_back(held);
+  s.scratch.push_back(MemoryRange{held.data_ptr(), nbytes});
   return held.data_ptr();
 }
 
@@ -292,6 +309,7 @@ void Graph::capture_end() {
                  "cannot be captured");
   }
   s.graph = graph;
+  hoist_scratch_memsets(graph, s.scratch);  // before the rest become kernel nodes in place
   replace_memset_nodes(graph);
   replace_small_upload_nodes(graph);
   status = cudaGraphInstantiate(&s.exec, graph, 0);
@@ -317,7 +335,8 @@ void Graph::abandon_capture() noexcept {
   if (capturing_state == &s) leave_capture(s);
   s.capturing = false;
   s.kept.clear();
-  s.uploaded.clear();  // nothing ran that reads it
+  s.held.clear();  // nothing ran that reads it
+  s.scratch.clear();
   s.before_replay.clear();
   s.after_replay.clear();
   s.writes.clear();
@@ -355,7 +374,8 @@ void Graph::reset() {
   s.graph = nullptr;
   for (void* p : s.staging) cudaFreeHost(p);
   s.staging.clear();
-  s.uploaded.clear();
+  s.held.clear();
+  s.scratch.clear();
   s.before_replay.clear();
   s.after_replay.clear();
   s.writes.clear();

@@ -2,7 +2,10 @@
 // for why).
 #include "tandem/core/cuda/graph_rewrite.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "tandem/core/cuda/check.h"
@@ -15,19 +18,47 @@ constexpr size_t kMaxRewriteBlocks = 4096;  // larger fills and copies loop
 
 // What cudaMemset2DAsync writes: `height` rows of `width` elements of `element_size` (1, 2 or 4)
 // bytes, rows `pitch` bytes apart, every element the low bytes of `value`.
-__global__ void __launch_bounds__(kRewriteThreads)
-    memset_elements(char* dst, size_t pitch, unsigned value, unsigned element_size, size_t width, size_t height) {
-  const size_t n = width * height;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    char* p = dst + (i / width) * pitch + (i % width) * element_size;
-    if (element_size == 4)
-      *reinterpret_cast<uint32_t*>(p) = value;
-    else if (element_size == 2)
-      *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(value);
-    else
-      *reinterpret_cast<uint8_t*>(p) = static_cast<uint8_t>(value);
+struct MemsetElements {
+  char* dst = nullptr;
+  size_t pitch = 0, width = 0, height = 0;
+  unsigned value = 0, element_size = 0;
+
+  explicit MemsetElements(const cudaMemsetParams& m)
+      : dst(static_cast<char*>(m.dst)),
+        pitch(m.pitch),
+        width(m.width),
+        height(m.height),
+        value(m.value),
+        element_size(m.elementSize) {}
+  MemsetElements() = default;
+  // Element i of `first`, `first + stride`, ... written by this thread.
+  __device__ void write(size_t first, size_t stride) const {
+    for (size_t i = first; i < width * height; i += stride) {
+      char* p = dst + (i / width) * pitch + (i % width) * element_size;
+      if (element_size == 4)
+        *reinterpret_cast<uint32_t*>(p) = value;
+      else if (element_size == 2)
+        *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(value);
+      else
+        *reinterpret_cast<uint8_t*>(p) = static_cast<uint8_t>(value);
+    }
   }
+};
+
+__global__ void __launch_bounds__(kRewriteThreads) memset_elements(MemsetElements memset) {
+  memset.write(static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x, static_cast<size_t>(gridDim.x) * blockDim.x);
+}
+
+// Memsets moved to a graph's start, one block each, by value in the kernel's arguments (under the
+// 4 KiB that kernel arguments may take).
+constexpr int kMaxHoistedMemsets = 32;
+struct MemsetTable {
+  MemsetElements memsets[kMaxHoistedMemsets];
+  int count = 0;
+};
+
+__global__ void __launch_bounds__(kRewriteThreads) memset_table(MemsetTable table) {
+  if (static_cast<int>(blockIdx.x) < table.count) table.memsets[blockIdx.x].write(threadIdx.x, blockDim.x);
 }
 
 // Copies `bytes` bytes from src (here: host memory mapped into the device's address space) to dst,
@@ -116,21 +147,115 @@ int replace_memset_nodes(cudaGraph_t graph) {
   int replaced = 0;
   for (cudaGraphNode_t node : nodes_of(graph)) {
     if (type_of(node) != cudaGraphNodeTypeMemset) continue;
-    cudaMemsetParams memset{};
-    TANDEM_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &memset));
-    char* dst = static_cast<char*>(memset.dst);
-    size_t pitch = memset.pitch, width = memset.width, height = memset.height;
-    unsigned value = memset.value, element_size = memset.elementSize;
-    void* args[] = {&dst, &pitch, &value, &element_size, &width, &height};
+    cudaMemsetParams params{};
+    TANDEM_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &params));
+    MemsetElements memset(params);
+    void* args[] = {&memset};
     cudaKernelNodeParams kernel{};
     kernel.func = reinterpret_cast<void*>(memset_elements);
-    kernel.gridDim = dim3(blocks_for(width * height));
+    kernel.gridDim = dim3(blocks_for(memset.width * memset.height));
     kernel.blockDim = dim3(kRewriteThreads);
     kernel.kernelParams = args;
     replace_by_kernel(graph, node, kernel);
     ++replaced;
   }
   return replaced;
+}
+
+int hoist_scratch_memsets(cudaGraph_t graph, const std::vector<MemoryRange>& scratch) {
+  if (scratch.empty()) return 0;
+  auto in_scratch = [&](const cudaMemsetParams& m) {
+    const char* begin = static_cast<const char*>(m.dst);
+    const char* end = begin + (m.height - 1) * m.pitch + m.width * m.elementSize;
+    return std::any_of(scratch.begin(), scratch.end(), [&](const MemoryRange& r) {
+      const char* data = static_cast<const char*>(r.data);
+      return begin >= data && end <= data + r.bytes;
+    });
+  };
+  // The memsets to move: those in scratch, but none over bytes that an earlier one moved sets (the
+  // moved ones run at once, so the later stays where it was, after them).
+  std::vector<cudaGraphNode_t> to_move;
+  std::vector<MemsetElements> moved;
+  std::vector<std::pair<const char*, const char*>> moved_bytes;  // [begin, end) of each
+  for (cudaGraphNode_t node : nodes_of(graph)) {
+    if (type_of(node) != cudaGraphNodeTypeMemset) continue;
+    cudaMemsetParams params{};
+    TANDEM_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &params));
+    if (params.height == 0 || params.width == 0 || !in_scratch(params)) continue;
+    const char* begin = static_cast<const char*>(params.dst);
+    const char* end = begin + (params.height - 1) * params.pitch + params.width * params.elementSize;
+    const bool overlaps = std::any_of(moved_bytes.begin(), moved_bytes.end(),
+                                      [&](const auto& m) { return begin < m.second && m.first < end; });
+    if (overlaps) continue;
+    to_move.push_back(node);
+    moved.emplace_back(params);
+    moved_bytes.emplace_back(begin, end);
+  }
+  if (moved.empty()) return 0;
+  std::vector<cudaGraphNode_t> successors;  // of the moved nodes, each once, none of them moved
+  for (cudaGraphNode_t node : to_move) {
+    // What came before the memset still comes before what followed it.
+    const Edges in = edges_of(node, cudaGraphNodeGetDependencies);
+    const Edges out = edges_of(node, cudaGraphNodeGetDependentNodes);
+    for (cudaGraphNode_t after : out.nodes) {
+      const Edges before_after = edges_of(after, cudaGraphNodeGetDependencies);
+      for (cudaGraphNode_t before : in.nodes) {
+        const bool linked =
+            std::find(before_after.nodes.begin(), before_after.nodes.end(), before) != before_after.nodes.end();
+        if (!linked) TANDEM_CUDA_CHECK(cudaGraphAddDependencies(graph, &before, &after, nullptr, 1));
+      }
+      const bool moving = std::find(to_move.begin(), to_move.end(), after) != to_move.end();
+      if (!moving && std::find(successors.begin(), successors.end(), after) == successors.end()) {
+        successors.push_back(after);
+      }
+    }
+    TANDEM_CUDA_CHECK(cudaGraphDestroyNode(node));
+  }
+
+  // A successor that another one precedes waits for the new node through it: no edge of its own.
+  size_t edge_count = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edge_count));
+  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
+  std::vector<cudaGraphEdgeData> data(edge_count);  // unused, but asking without it fails on programmatic edges
+  if (edge_count > 0) TANDEM_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edge_count));
+  std::unordered_multimap<cudaGraphNode_t, cudaGraphNode_t> next;
+  for (size_t i = 0; i < edge_count; ++i) next.emplace(from[i], to[i]);
+  std::unordered_set<cudaGraphNode_t> after_a_successor;
+  std::vector<cudaGraphNode_t> pending;
+  auto push_next = [&](cudaGraphNode_t n) {
+    auto range = next.equal_range(n);
+    for (auto it = range.first; it != range.second; ++it) {
+      if (after_a_successor.insert(it->second).second) pending.push_back(it->second);
+    }
+  };
+  for (cudaGraphNode_t n : successors) push_next(n);
+  while (!pending.empty()) {
+    cudaGraphNode_t n = pending.back();
+    pending.pop_back();
+    push_next(n);
+  }
+  std::vector<cudaGraphNode_t> first_successors;
+  for (cudaGraphNode_t n : successors) {
+    if (after_a_successor.count(n) == 0) first_successors.push_back(n);
+  }
+
+  for (size_t begin = 0; begin < moved.size(); begin += kMaxHoistedMemsets) {
+    MemsetTable table;
+    table.count = static_cast<int>(std::min<size_t>(kMaxHoistedMemsets, moved.size() - begin));
+    std::copy_n(moved.begin() + static_cast<std::ptrdiff_t>(begin), table.count, table.memsets);
+    void* args[] = {&table};
+    cudaKernelNodeParams kernel{};
+    kernel.func = reinterpret_cast<void*>(memset_table);
+    kernel.gridDim = dim3(static_cast<unsigned>(table.count));
+    kernel.blockDim = dim3(kRewriteThreads);
+    kernel.kernelParams = args;
+    cudaGraphNode_t node = nullptr;
+    TANDEM_CUDA_CHECK(cudaGraphAddKernelNode(&node, graph, nullptr, 0, &kernel));
+    for (cudaGraphNode_t after : first_successors) {
+      TANDEM_CUDA_CHECK(cudaGraphAddDependencies(graph, &node, &after, nullptr, 1));
+    }
+  }
+  return static_cast<int>(moved.size());
 }
 
 int replace_small_upload_nodes(cudaGraph_t graph) {

@@ -9,7 +9,24 @@
 // from pinned memory the graph owns.
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <vector>
+
 namespace tandem::cuda {
+
+// Device memory [data, data + bytes).
+struct MemoryRange {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// Moves every memset node of `graph` whose bytes lie inside one of `scratch` (memory that no other
+// node touches: scratch_for_graph's) off the path it was captured on: its predecessors get edges
+// to its successors, and one kernel node with no predecessors, at the graph's start, writes what
+// all of them wrote, with an edge to each successor not already after another one. A replay's
+// nodes then do not wait for a memset between two kernels (about 1 us each on an H200). Returns
+// how many nodes were moved.
+int hoist_scratch_memsets(cudaGraph_t graph, const std::vector<MemoryRange>& scratch);
 
 // Replaces every memset node of `graph` by a kernel node that writes the same values to the same
 // bytes, with the same edges (and edge data) in and out. Returns how many nodes were replaced.

@@ -50,6 +50,7 @@ void keep_until_capture_ends(std::shared_ptr<void>) { no_cuda("keep_until_captur
 void before_each_replay(std::function<void()>) { no_cuda("before_each_replay"); }
 void write_on_each_replay(void*, size_t, std::function<void(void*)>) { no_cuda("write_on_each_replay"); }
 void* upload_for_graph(const void*, size_t, int) { no_cuda("upload_for_graph"); }
+void* scratch_for_graph(size_t, int) { no_cuda("scratch_for_graph"); }
 void after_each_replay(std::function<void()>) { no_cuda("after_each_replay"); }
 CapturedDraw capture_random_draw(Generator&, uint64_t, int) { no_cuda("capture_random_draw"); }
 OutsideGraphPool::OutsideGraphPool(int device) : device_(device) {}

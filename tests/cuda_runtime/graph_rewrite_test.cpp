@@ -1,8 +1,9 @@
 // Memset nodes of a graph replaced by kernel nodes (core/cuda/graph_rewrite.h): a graph of memsets
 // of every element size (1, 2 and 4 bytes; one row and pitched rows) between copies that read and
 // overwrite what they wrote writes the same bytes after the rewrite as before it, replay after
-// replay, and holds no memset node any more. Calls the CUDA runtime directly, so it is built only
-// with the CUDA backend; skips without a GPU.
+// replay, and holds no memset node any more; memsets into scratch move to one kernel node at the
+// graph's start, and the copies after them still read what they wrote. Calls the CUDA runtime directly, so it is built
+// only with the CUDA backend; skips without a GPU.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -128,6 +129,104 @@ TEST(GraphMemsetNodes, BecomeKernelNodesThatWriteTheSameBytes) {
   TANDEM_CUDA_CHECK(cudaFree(buffer));
 }
 
+// The graph's nodes that depend on `node` (its successors).
+std::vector<cudaGraphNode_t> dependents_of(cudaGraphNode_t node) {
+  size_t count = 0;
+  TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (count > 0) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nodes.data(), nullptr, &count));
+  return nodes;
+}
+
+TEST(GraphMemsetNodes, MemsetsIntoScratchMoveToTheStartAndWriteTheSameBytes) {
+  TANDEM_REQUIRE_CUDA();
+  TANDEM_CUDA_CHECK(cudaSetDevice(0));
+  unsigned char* buffer = nullptr;
+  TANDEM_CUDA_CHECK(cudaMalloc(&buffer, kBytes));
+  cudaStream_t stream = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::vector<MemoryRange> scratch = {{buffer + 1024, 64}, {buffer + 2048, 64}};
+
+  // One chain, as a capture makes it: copy A; memset M1 (scratch); copy B reads M1's bytes; memset
+  // M2 (scratch); copy C reads M2's; memset M3 (not scratch); memset M4 (scratch, over two of M1's
+  // bytes: it must stay after M1); copy D reads M1's and M4's.
+  cudaGraph_t graph = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphCreate(&graph, 0));
+  cudaGraphNode_t last = nullptr;  // the chain's end
+  auto add_copy = [&](size_t from, size_t to, size_t bytes) {
+    cudaGraphNode_t node = nullptr;
+    TANDEM_CUDA_CHECK(cudaGraphAddMemcpyNode1D(&node, graph, last ? &last : nullptr, last ? 1 : 0, buffer + to,
+                                               buffer + from, bytes, cudaMemcpyDeviceToDevice));
+    last = node;
+    return node;
+  };
+  auto add_memset = [&](const Memset& m) {
+    cudaMemsetParams p{};
+    p.dst = buffer + m.offset;
+    p.value = m.value;
+    p.elementSize = m.element_size;
+    p.width = m.width;
+    p.height = 1;
+    cudaGraphNode_t node = nullptr;
+    TANDEM_CUDA_CHECK(cudaGraphAddMemsetNode(&node, graph, last ? &last : nullptr, last ? 1 : 0, &p));
+    last = node;
+  };
+  add_copy(0, 4096, 16);                        // A
+  add_memset({1024, 0, 1, 1, 4, 0x11223344});   // M1
+  cudaGraphNode_t b = add_copy(1024, 8192, 8);  // B
+  add_memset({2048, 0, 3, 1, 2, 0xBEEF});       // M2
+  add_copy(2048, 8300, 8);                      // C
+  add_memset({12000, 0, 1, 1, 4, 0xCAFEF00D});  // M3
+  add_memset({1026, 0, 2, 1, 1, 0x77});         // M4
+  add_copy(1024, 8400, 8);                      // D
+
+  std::vector<unsigned char> want(kBytes, kBackground);
+  const unsigned char m1_m4[] = {0x44, 0x33, 0x77, 0x77}, m2[] = {0xEF, 0xBE, 0xEF, 0xBE, 0xEF, 0xBE},
+                      m3[] = {0x0D, 0xF0, 0xFE, 0xCA}, m1[] = {0x44, 0x33, 0x22, 0x11};
+  std::memcpy(&want[1024], m1_m4, 4);
+  std::memcpy(&want[2048], m2, 6);
+  std::memcpy(&want[12000], m3, 4);
+  std::memcpy(&want[8192], m1, 4);     // B, before M4
+  std::memcpy(&want[8300], m2, 6);     // C
+  std::memcpy(&want[8400], m1_m4, 4);  // D, after M4
+
+  EXPECT_EQ(hoist_scratch_memsets(graph, scratch), 2);  // M1 and M2
+  EXPECT_EQ(nodes_of_type(graph, cudaGraphNodeTypeMemset), 2);
+  ASSERT_EQ(nodes_of_type(graph, cudaGraphNodeTypeKernel), 1);
+  size_t count = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    size_t before = 0;
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &before));
+    EXPECT_EQ(before, 0u);  // at the graph's start
+    // One edge, to B: C follows B, so it waits for the node through B.
+    EXPECT_EQ(dependents_of(node), std::vector<cudaGraphNode_t>{b});
+  }
+  EXPECT_EQ(replace_memset_nodes(graph), 2);  // M3 and M4, in place
+
+  cudaGraphExec_t exec = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(buffer, kBackground, kBytes, stream));
+    TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    std::vector<unsigned char> got(kBytes);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(got.data(), buffer, kBytes, cudaMemcpyDeviceToHost, stream));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const size_t first_wrong = first_difference(got, want);
+    EXPECT_EQ(first_wrong, kBytes) << "replay " << replay << ": byte " << first_wrong << " is " << int(got[first_wrong])
+                                   << ", expected " << int(want[first_wrong]);
+  }
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
+  TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
+  TANDEM_CUDA_CHECK(cudaFree(buffer));
+}
+
 TEST(GraphUploadNodes, SmallUploadsFromPinnedMemoryBecomeKernelsThatReadItAtEveryReplay) {
   TANDEM_REQUIRE_CUDA();
   TANDEM_CUDA_CHECK(cudaSetDevice(0));
@@ -193,6 +292,7 @@ TEST(GraphMemsetNodes, AGraphWithoutMemsetsOrUploadsIsLeftAsItIs) {
   TANDEM_CUDA_CHECK(cudaGraphAddEmptyNode(&empty_node, graph, nullptr, 0));
   EXPECT_EQ(replace_memset_nodes(graph), 0);
   EXPECT_EQ(replace_small_upload_nodes(graph), 0);
+  EXPECT_EQ(hoist_scratch_memsets(graph, {}), 0);
   size_t count = 0;
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
   EXPECT_EQ(count, 1u);

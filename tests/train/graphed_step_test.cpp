@@ -358,6 +358,28 @@ TEST(CudaGraph, UploadsForTheGraphAreWrittenOnceAndHeldWithIt) {
   EXPECT_EQ(back, (std::vector<float>{1.5f, -2.0f, 3.25f}));
 }
 
+TEST(CudaGraph, ScratchForTheGraphIsItsOwnAndOnlyInsideACapture) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_TRUE(testing::throws_with<GraphCaptureError>([] { cuda::scratch_for_graph(64, 0); },
+                                                      {"scratch_for_graph", "no CUDA graph capture"}));
+  Tensor x = randn({16}, kGpu);
+  (void)kernels::unary(UnaryOp::neg, x);  // warm
+  cuda::Graph graph;
+  {
+    cuda::GraphCapture capture(graph, 0);
+    void* first = cuda::scratch_for_graph(64, 0);
+    void* second = cuda::scratch_for_graph(64, 0);
+    EXPECT_NE(first, nullptr);
+    EXPECT_NE(second, nullptr);
+    EXPECT_NE(first, second);  // each call its own
+    EXPECT_EQ(cuda::scratch_for_graph(0, 0), nullptr);
+    (void)kernels::unary(UnaryOp::neg, x);
+    capture.end();
+  }
+  EXPECT_EQ(graph.num_nodes(), 1);
+  graph.replay();
+}
+
 TEST(CudaGraph, ReplaysReuseTheirPoolAndResetGivesItBack) {
   SKIP_WITHOUT_GPU();
   Tensor x = randn({1 << 20}, kGpu);  // 4 MiB
