@@ -6,6 +6,7 @@
 // (core/column_sum_batch.h) and go together.
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <vector>
 
 #include "tandem/core/column_sum_batch.h"
@@ -15,7 +16,7 @@
 namespace tandem::cuda {
 
 // The sums of one launch, a kernel parameter: up to N of them. One backward kernel's (up to 3) go
-// in a small table, a batch's in a large one (about 3.5 KB, under the 4 KB every device takes;
+// in a small table, a batch's in a large one (about 3.7 KB, under the 4 KB every device takes;
 // GPT-2 124M's backward makes about a hundred). The large table costs launch time: one
 // backward kernel's sums launched with it took 2.0 us a call in a replayed GPT-2 B1 T1024 step on
 // an H200, where the launches before tables took 1.7.
@@ -28,20 +29,63 @@ struct PartialSumTable {
   T* out[N];            // (d[i],) each
   int parts[N];         // 32 bits, to fit the table (launch_partial_sums checks)
   int d[N];
-  // Sum i's blocks are first_block[i] .. first_block[i + 1] - 1, one per 32 columns.
+  // Sum i's blocks are first_block[i] .. first_block[i + 1] - 1, each taking partial_row_columns(
+  // vectorised[i]) columns.
   unsigned first_block[N + 1];
+  bool vectorised[N];  // a thread loads 16 bytes of a row (D a multiple of them, rows aligned)
   int count;
 };
+static_assert(sizeof(PartialSumTable<double, double, kLargePartialSumTable>) <= 4096,
+              "a table fits in the 4 KB of kernel parameters every device takes");
 
-// Block (32, kPartialRowThreads): 32 columns of one sum, each thread adding every 16th partial row
-// in row order (unrolled, so that several loads are in flight: the sums are bound by load latency),
-// then the threads' results in thread order. __grid_constant__: the table is indexed by a
-// computed sum, which would otherwise copy it to local memory.
+// Block (32, kPartialRowThreads): 32 vectors of V columns of one sum, each thread adding every
+// 16th partial row in row order (unrolled, so that several loads are in flight: the sums are bound
+// by load latency), then the threads' results in thread order: the same order for every V, so the
+// same bits. 16-byte loads (V = 4 in f32, 2 in f64) took the one launch that finishes GPT-2 B1
+// T1024's backward sums from 23.4 us to 16.6 on an H200 (a replayed step's timeline; V = 1 before).
 constexpr int kPartialRowThreads = 16;
+template <typename S>
+constexpr int kPartialRowVector = 16 / static_cast<int>(sizeof(S));
+template <typename S>
+constexpr int64_t partial_row_columns(bool vectorised) {
+  return 32 * (vectorised ? kPartialRowVector<S> : 1);
+}
+
+// This block's 32 * V columns from `first`, of (parts, d) partial rows into out (d,). `shared`:
+// (kPartialRowThreads, 32 * kPartialRowVector<S>) in S.
+template <int V, typename S, typename T>
+__device__ __forceinline__ void sum_partial_columns(const S* __restrict__ partial, T* __restrict__ out, int64_t parts,
+                                                    int64_t d, int64_t first, S* shared) {
+  const int64_t c = first + static_cast<int64_t>(threadIdx.x) * V;  // this thread's V columns (all exist if c < d)
+  Packed<S, V> sum = {};
+  if (c < d) {
+#pragma unroll 8
+    for (int64_t p = threadIdx.y; p < parts; p += kPartialRowThreads) {
+      const Packed<S, V> row = *reinterpret_cast<const Packed<S, V>*>(partial + p * d + c);
+#pragma unroll
+      for (int k = 0; k < V; ++k) sum.v[k] += row.v[k];
+    }
+  }
+  auto* mine = reinterpret_cast<Packed<S, V>*>(shared + threadIdx.y * 32 * kPartialRowVector<S>);  // this row's
+  mine[threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= d) return;
+  for (int i = 1; i < kPartialRowThreads; ++i) {
+    const Packed<S, V> other =
+        reinterpret_cast<const Packed<S, V>*>(shared + i * 32 * kPartialRowVector<S>)[threadIdx.x];
+#pragma unroll
+    for (int k = 0; k < V; ++k) sum.v[k] += other.v[k];
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[c + k] = cast_to<T>(sum.v[k]);
+}
+
+// __grid_constant__: the table is indexed by a computed sum, which would otherwise copy it to
+// local memory.
 template <typename S, typename T, int N>
 __global__ void sum_partial_rows(const __grid_constant__ PartialSumTable<S, T, N> table) {
   dependent_kernel_begin();
-  __shared__ S shared[kPartialRowThreads][32];
+  __shared__ Packed<S, kPartialRowVector<S>> shared[kPartialRowThreads][32];
   // The sum this block works on: the last whose first block is at most blockIdx.x.
   int lo = 0, hi = table.count - 1;
   while (lo < hi) {
@@ -51,19 +95,15 @@ __global__ void sum_partial_rows(const __grid_constant__ PartialSumTable<S, T, N
     else
       hi = mid - 1;
   }
-  const S* partial = table.partial[lo];  // (parts, d)
-  const int64_t parts = table.parts[lo], d = table.d[lo];
-  const int64_t c = static_cast<int64_t>(blockIdx.x - table.first_block[lo]) * 32 + threadIdx.x;
-  S sum = 0;
-  if (c < d) {
-#pragma unroll 8
-    for (int64_t p = threadIdx.y; p < parts; p += kPartialRowThreads) sum += partial[p * d + c];
+  const bool vectorised = table.vectorised[lo];
+  const int64_t first = static_cast<int64_t>(blockIdx.x - table.first_block[lo]) * partial_row_columns<S>(vectorised);
+  S* sums = reinterpret_cast<S*>(&shared[0][0]);
+  if (vectorised) {
+    sum_partial_columns<kPartialRowVector<S>>(table.partial[lo], table.out[lo], table.parts[lo], table.d[lo], first,
+                                              sums);
+  } else {
+    sum_partial_columns<1>(table.partial[lo], table.out[lo], table.parts[lo], table.d[lo], first, sums);
   }
-  shared[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= d) return;
-  for (int i = 1; i < kPartialRowThreads; ++i) sum += shared[i][threadIdx.x];
-  table.out[lo][c] = cast_to<T>(sum);
 }
 
 // Launches `sums` in tables of up to N.
@@ -82,8 +122,10 @@ void launch_partial_sums(const std::vector<ColumnSumBatch::Sum>& sums, int devic
                    " columns: at most ", INT_MAX, " of each");
       table.parts[i] = static_cast<int>(s.parts);
       table.d[i] = static_cast<int>(s.d);
+      table.vectorised[i] = s.d % kPartialRowVector<S> == 0 && reinterpret_cast<uintptr_t>(s.partial) % 16 == 0;
       table.first_block[i] = blocks;
-      blocks += static_cast<unsigned>((s.d + 31) / 32);
+      const int64_t columns = partial_row_columns<S>(table.vectorised[i]);
+      blocks += static_cast<unsigned>((s.d + columns - 1) / columns);
     }
     table.first_block[table.count] = blocks;
     launch_dependent(sum_partial_rows<S, T, N>, dim3(blocks), dim3(32, kPartialRowThreads), 0,

@@ -3,11 +3,12 @@
 // GPU's unary_backward (the same formula, rounded once), and its column sums match an f64 sum of
 // that d pre on the CPU. Without an activation: the gradient's column sums match an f64 sum. Widths
 // with and without 16-byte vectors, views one element in (no 16-byte loads), one row, no rows, and
-// the same bits run after run. Also GELU's derivative itself in f32 across both tails.
+// the same bits run after run, batched or not. Also GELU's derivative itself in f32 across both tails.
 #include <cmath>
 
 #include "support/test_util.h"
 #include "tandem/core/backend.h"
+#include "tandem/core/column_sum_batch.h"
 #include "tandem/core/kernels.h"
 #include "tandem/core/views.h"
 
@@ -49,7 +50,8 @@ void expect_column_sums_close(const Tensor& got, const Tensor& terms, DType dtyp
 
 TEST(GeluBackwardColumnSums, MatchesTheElementwiseKernelAndAnF64Sum) {
   TANDEM_REQUIRE_CUDA();
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 4096}, {1000, 3072}, {77, 44}, {1, 8}, {0, 16}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 4096}, {1000, 3072}, {77, 44}, {50, 30},
+                                                           {33, 7},      {1, 8},       {0, 16}};
   for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
     for (const auto& [rows, n] : shapes) {
       for (int64_t start : {0, 1}) {
@@ -70,8 +72,8 @@ TEST(GeluBackwardColumnSums, MatchesTheElementwiseKernelAndAnF64Sum) {
 // 1024 as the MLP benchmark's last layer, odd widths, one row, no rows.
 TEST(ColumnSums, MatchAnF64Sum) {
   TANDEM_REQUIRE_CUDA();
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 2304}, {8192, 1024}, {1000, 3072},
-                                                           {77, 44},     {1, 8},       {0, 16}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 2304}, {8192, 1024}, {1000, 3072}, {77, 44},
+                                                           {50, 30},     {33, 7},      {1, 8},       {0, 16}};
   for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
     for (const auto& [rows, n] : shapes) {
       for (int64_t start : {0, 1}) {
@@ -96,6 +98,35 @@ TEST(ColumnSums, AreReproducible) {
     Tensor got = empty({2304}, grad.options());
     cuda::column_sums(grad, got);
     EXPECT_TRUE(testing::all_close(on_cpu_f64(got), on_cpu_f64(first), 0, 0));
+  }
+}
+
+// Sums of several widths finished in one batched launch (core/column_sum_batch.h), where rows of
+// 16-byte vectors and rows without them share a table, give the bits of their own launches.
+TEST(ColumnSums, BatchedWithOtherWidthsGiveTheBitsOfTheirOwnLaunches) {
+  TANDEM_REQUIRE_CUDA();
+  for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<Tensor> grads, alone, batched;
+    for (int64_t n : {2304, 30, 7, 44, 3072}) {
+      grads.push_back(random_matrix(333, n, n % 2, -1.0, 1.0, dtype));
+      alone.push_back(empty({n}, grads.back().options()));
+      cuda::column_sums(grads.back(), alone.back());
+    }
+    ColumnSumBatch batch;
+    {
+      ColumnSumBatchScope scope(&batch);
+      for (const Tensor& g : grads) {
+        batched.push_back(empty({g.shape()[1]}, g.options()));
+        cuda::column_sums(g, batched.back());
+      }
+    }
+    EXPECT_FALSE(batch.empty());
+    batch.flush();
+    for (size_t i = 0; i < grads.size(); ++i) {
+      EXPECT_TRUE(testing::all_close(on_cpu_f64(batched[i]), on_cpu_f64(alone[i]), 0, 0))
+          << "width " << grads[i].shape()[1];
+    }
   }
 }
 
