@@ -74,13 +74,16 @@ void write_on_each_replay(void* dst, size_t nbytes, std::function<void(void* byt
 // destination for something else; this memory is outside that pool, written once, now.
 void* upload_for_graph(const void* src, size_t nbytes, int device);
 
-// During a capture on `device`: `nbytes` of device memory (null for 0) for the scratch of one call
-// being captured (a library's workspace), held by the graph until it is reset or destroyed and
-// outside its pool, so that no other node of the graph touches it. A memset node into such memory
-// waits for nothing the graph did before it: capture_end moves those nodes to the graph's start,
-// into one kernel node beside its first nodes, off the path of the kernels that follow (cuDNN's
-// attention sets 4 bytes of its workspace before every call). The memory is the graph's for as
-// long as it lives, so callers ask for small scratch only.
+// During a capture on `device`: `nbytes` of device memory for the scratch of one call being
+// captured (a library's workspace), held by the graph until it is reset or destroyed and outside
+// its pool, so that no other node of the graph touches it. A memset node into such memory waits
+// for nothing the graph did before it: capture_end moves those nodes to the graph's start, into one
+// kernel node beside its first nodes, off the path of the kernels that follow (cuDNN's attention
+// sets 4 bytes of its workspace before every call, which took about 1 us between two kernels on an
+// H200). The memory is the graph's for as long as it lives, so only small scratch is given: null
+// for 0 bytes or more than kMaxGraphScratchBytes, and the caller allocates as usual (from the
+// graph's pool, where nodes share memory).
+constexpr size_t kMaxGraphScratchBytes = size_t{8} << 20;
 void* scratch_for_graph(size_t nbytes, int device);
 
 // During a capture: `fn` runs on the host right after every launch of a replay of the graph being

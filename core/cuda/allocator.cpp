@@ -24,6 +24,7 @@
 #include "tandem/core/column_sum_batch.h"
 #include "tandem/core/cuda/allocator.h"
 #include "tandem/core/cuda/runtime.h"
+#include "tandem/core/cuda_graph.h"
 
 namespace tandem::cuda {
 
@@ -201,10 +202,12 @@ class DeviceAllocator {
     DeviceGuard guard(device_);
     void* ptr = nullptr;
     cudaError_t status = cudaSuccess;
-    if (pool != 0) {
-      // Inside a capture: the memory is the pool's for as long as the graph lives, not a step of
-      // the graph, so the call is made outside the capture's rules. Nothing cached may be freed
-      // to make room (cudaFree would wait for the device in the middle of a capture).
+    // Inside a capture (the graph's pool, or the ordinary pool through OutsideGraphPool): the
+    // memory outlives the capture, it is no step of the graph, so the call is made outside the
+    // capture's rules. Nothing cached may be freed to make room (cudaFree would wait for the
+    // device in the middle of a capture).
+    const bool capturing = pool != 0 || is_capturing();
+    if (capturing) {
       cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
       TANDEM_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
       status = cudaMalloc(&ptr, segment);
@@ -212,7 +215,7 @@ class DeviceAllocator {
     } else {
       status = cudaMalloc(&ptr, segment);
     }
-    if (status == cudaErrorMemoryAllocation && pool == 0) {
+    if (status == cudaErrorMemoryAllocation && !capturing) {
       cudaGetLastError();     // clear the error so the retry and later calls start clean
       release_free_segments();  // give the cache back and try once more
       status = cudaMalloc(&ptr, segment);
@@ -223,7 +226,7 @@ class DeviceAllocator {
       size_t free_bytes = 0, total_bytes = 0;
       cudaMemGetInfo(&free_bytes, &total_bytes);
       TANDEM_THROW(OutOfMemoryError, "cuda:", device_, ": out of memory allocating ", format_bytes(requested),
-                   pool != 0 ? " inside a CUDA graph capture, which cannot free the cache to make room" : "",
+                   capturing ? " inside a CUDA graph capture, which cannot free the cache to make room" : "",
                    " (device total ", format_bytes(total_bytes), ", free ", format_bytes(free_bytes),
                    "; tandem holds ", format_bytes(stats_.allocated), " in tensors and ",
                    format_bytes(stats_.reserved), " reserved, peak ", format_bytes(stats_.peak_allocated), ")");

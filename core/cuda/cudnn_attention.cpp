@@ -162,21 +162,17 @@ GraphKey make_key(bool backward, const Tensor& q, bool causal, double scale, con
   return key;
 }
 
-// Largest workspace a call inside a CUDA graph capture gets to itself (scratch_for_graph): cuDNN sets
-// 4 bytes of it before every call, and in scratch of its own that memset runs at the graph's start
-// instead of between two kernels (about 1 us a call). GPT-2 124M's workspaces in bf16: 256 bytes
-// forward; backward 0.4 MiB at B1 T128, 3.0 MiB at B1 T1024 (36.6 MiB more for the graph's 12),
-// 24.4 MiB at B8 T1024, which like every larger one comes from the graph's pool as before, where
-// the graph's nodes share the memory.
-constexpr int64_t kMaxGraphScratchBytes = 8 << 20;
-
 void execute(const BuiltGraph& built, cudnnHandle_t h, const GraphKey& key,
              std::unordered_map<int64_t, void*>& pointers, const Tensor& like) {
+  // Inside a capture, a small workspace is the graph's own, so that the 4-byte memset cuDNN issues
+  // before every call moves to the graph's start (scratch_for_graph). GPT-2 124M's in bf16: 256
+  // bytes forward; backward 0.4 MiB at B1 T128, 3.0 MiB at B1 T1024 (36.6 MiB more for the graph's
+  // 12), 24.4 MiB at B8 T1024, which like every larger one comes from the caching allocator.
+  void* scratch = built.workspace > 0 && is_capturing()
+                      ? scratch_for_graph(static_cast<size_t>(built.workspace), like.device().index)
+                      : nullptr;
   Tensor workspace;  // (bytes,) u8, from the caching allocator on the current stream
-  void* scratch = nullptr;
-  if (built.workspace > 0 && built.workspace <= kMaxGraphScratchBytes && is_capturing()) {
-    scratch = scratch_for_graph(static_cast<size_t>(built.workspace), like.device().index);
-  } else if (built.workspace > 0) {
+  if (built.workspace > 0 && scratch == nullptr) {
     workspace = empty({built.workspace}, TensorOptions(DType::u8, like.device()));
     scratch = workspace.data_ptr();
   }

@@ -219,7 +219,7 @@ void* scratch_for_graph(size_t nbytes, int device) {
   Graph::State& s = active_capture("scratch_for_graph");
   TANDEM_CHECK_AS(GraphCaptureError, device == s.device, "scratch_for_graph: cuda:", device,
                   " inside a CUDA graph capture of cuda:", s.device);
-  if (nbytes == 0) return nullptr;
+  if (nbytes == 0 || nbytes > kMaxGraphScratchBytes) return nullptr;
   Tensor held;  // (nbytes,) u8
   {
     OutsideGraphPool outside(device);  // a block of the pool may have been used by earlier nodes

@@ -60,13 +60,47 @@ int nodes_of_type(cudaGraph_t graph, cudaGraphNodeType type) {
   return n;
 }
 
+// kBytes of device memory on device 0 and a stream for one test, given back at its end.
+struct DeviceBuffer {
+  unsigned char* bytes = nullptr;
+  cudaStream_t stream = nullptr;
+  DeviceBuffer() {
+    TANDEM_CUDA_CHECK(cudaSetDevice(0));
+    TANDEM_CUDA_CHECK(cudaMalloc(&bytes, kBytes));
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  ~DeviceBuffer() {
+    cudaStreamDestroy(stream);
+    cudaFree(bytes);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+// Instantiates `graph` and launches it three times on `stream`, each time over kBytes of `buffer`
+// set to kBackground first; after each, the buffer must hold `want`.
+void expect_replays_write(cudaGraph_t graph, unsigned char* buffer, cudaStream_t stream,
+                          const std::vector<unsigned char>& want) {
+  cudaGraphExec_t exec = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(buffer, kBackground, kBytes, stream));
+    TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    std::vector<unsigned char> got(kBytes);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(got.data(), buffer, kBytes, cudaMemcpyDeviceToHost, stream));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const size_t first_wrong = first_difference(got, want);
+    EXPECT_EQ(first_wrong, kBytes) << "replay " << replay << ": byte " << first_wrong << " is " << int(got[first_wrong])
+                                   << ", expected " << int(want[first_wrong]);
+  }
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+}
+
 TEST(GraphMemsetNodes, BecomeKernelNodesThatWriteTheSameBytes) {
   TANDEM_REQUIRE_CUDA();
-  TANDEM_CUDA_CHECK(cudaSetDevice(0));
-  unsigned char* buffer = nullptr;
-  TANDEM_CUDA_CHECK(cudaMalloc(&buffer, kBytes));
-  cudaStream_t stream = nullptr;
-  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBuffer device;
+  unsigned char* buffer = device.bytes;
+  cudaStream_t stream = device.stream;
 
   // Three memsets on independent branches, a copy that reads the first two once they are done, and
   // a 4-byte memset (as cuDNN's attention issues) after the copy that overwrites part of its output.
@@ -111,22 +145,8 @@ TEST(GraphMemsetNodes, BecomeKernelNodesThatWriteTheSameBytes) {
   TANDEM_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
   EXPECT_EQ(edges, 4u);  // three into the copy, one out of it
 
-  cudaGraphExec_t exec = nullptr;
-  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 3; ++replay) {
-    TANDEM_CUDA_CHECK(cudaMemsetAsync(buffer, kBackground, kBytes, stream));
-    TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    std::vector<unsigned char> got(kBytes);
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(got.data(), buffer, kBytes, cudaMemcpyDeviceToHost, stream));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const size_t first_wrong = first_difference(got, want);
-    EXPECT_EQ(first_wrong, kBytes) << "replay " << replay << ": byte " << first_wrong << " is " << int(got[first_wrong])
-                                   << ", expected " << int(want[first_wrong]);
-  }
-  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  expect_replays_write(graph, buffer, stream, want);
   TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
-  TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
-  TANDEM_CUDA_CHECK(cudaFree(buffer));
 }
 
 // The graph's nodes that depend on `node` (its successors).
@@ -140,11 +160,9 @@ std::vector<cudaGraphNode_t> dependents_of(cudaGraphNode_t node) {
 
 TEST(GraphMemsetNodes, MemsetsIntoScratchMoveToTheStartAndWriteTheSameBytes) {
   TANDEM_REQUIRE_CUDA();
-  TANDEM_CUDA_CHECK(cudaSetDevice(0));
-  unsigned char* buffer = nullptr;
-  TANDEM_CUDA_CHECK(cudaMalloc(&buffer, kBytes));
-  cudaStream_t stream = nullptr;
-  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBuffer device;
+  unsigned char* buffer = device.bytes;
+  cudaStream_t stream = device.stream;
   const std::vector<MemoryRange> scratch = {{buffer + 1024, 64}, {buffer + 2048, 64}};
 
   // One chain, as a capture makes it: copy A; memset M1 (scratch); copy B reads M1's bytes; memset
@@ -209,22 +227,8 @@ TEST(GraphMemsetNodes, MemsetsIntoScratchMoveToTheStartAndWriteTheSameBytes) {
   }
   EXPECT_EQ(replace_memset_nodes(graph), 2);  // M3 and M4, in place
 
-  cudaGraphExec_t exec = nullptr;
-  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 3; ++replay) {
-    TANDEM_CUDA_CHECK(cudaMemsetAsync(buffer, kBackground, kBytes, stream));
-    TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    std::vector<unsigned char> got(kBytes);
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(got.data(), buffer, kBytes, cudaMemcpyDeviceToHost, stream));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const size_t first_wrong = first_difference(got, want);
-    EXPECT_EQ(first_wrong, kBytes) << "replay " << replay << ": byte " << first_wrong << " is " << int(got[first_wrong])
-                                   << ", expected " << int(want[first_wrong]);
-  }
-  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  expect_replays_write(graph, buffer, stream, want);
   TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
-  TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
-  TANDEM_CUDA_CHECK(cudaFree(buffer));
 }
 
 TEST(GraphUploadNodes, SmallUploadsFromPinnedMemoryBecomeKernelsThatReadItAtEveryReplay) {

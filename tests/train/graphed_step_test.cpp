@@ -373,6 +373,8 @@ TEST(CudaGraph, ScratchForTheGraphIsItsOwnAndOnlyInsideACapture) {
     EXPECT_NE(second, nullptr);
     EXPECT_NE(first, second);  // each call its own
     EXPECT_EQ(cuda::scratch_for_graph(0, 0), nullptr);
+    EXPECT_EQ(cuda::scratch_for_graph(cuda::kMaxGraphScratchBytes + 1, 0), nullptr);  // the caller's pool
+    EXPECT_NE(cuda::scratch_for_graph(cuda::kMaxGraphScratchBytes, 0), nullptr);
     (void)kernels::unary(UnaryOp::neg, x);
     capture.end();
   }
