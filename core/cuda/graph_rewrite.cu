@@ -164,32 +164,41 @@ int replace_memset_nodes(cudaGraph_t graph) {
 
 int hoist_scratch_memsets(cudaGraph_t graph, const std::vector<MemoryRange>& scratch) {
   if (scratch.empty()) return 0;
-  auto in_scratch = [&](const cudaMemsetParams& m) {
-    const char* begin = static_cast<const char*>(m.dst);
-    const char* end = begin + (m.height - 1) * m.pitch + m.width * m.elementSize;
+  // The bytes a memset writes, [first, last).
+  auto bytes_of = [](const cudaMemsetParams& m) {
+    const char* first = static_cast<const char*>(m.dst);
+    return std::make_pair(first, first + (m.height - 1) * m.pitch + m.width * m.elementSize);
+  };
+  auto in_scratch = [&](std::pair<const char*, const char*> bytes) {
     return std::any_of(scratch.begin(), scratch.end(), [&](const MemoryRange& r) {
       const char* data = static_cast<const char*>(r.data);
-      return begin >= data && end <= data + r.bytes;
+      return bytes.first >= data && bytes.second <= data + r.bytes;
     });
   };
-  // The memsets to move: those in scratch, but none over bytes that an earlier one moved sets (the
-  // moved ones run at once, so the later stays where it was, after them).
-  std::vector<cudaGraphNode_t> to_move;
-  std::vector<MemsetElements> moved;
-  std::vector<std::pair<const char*, const char*>> moved_bytes;  // [begin, end) of each
+  // The memsets into scratch; of those, the ones to move: none whose bytes another one also sets
+  // (moved, they would run at once, in no order), which stay where they were.
+  struct Candidate {
+    cudaGraphNode_t node;
+    cudaMemsetParams params;
+    std::pair<const char*, const char*> bytes;
+  };
+  std::vector<Candidate> candidates;
   for (cudaGraphNode_t node : nodes_of(graph)) {
     if (type_of(node) != cudaGraphNodeTypeMemset) continue;
     cudaMemsetParams params{};
     TANDEM_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &params));
-    if (params.height == 0 || params.width == 0 || !in_scratch(params)) continue;
-    const char* begin = static_cast<const char*>(params.dst);
-    const char* end = begin + (params.height - 1) * params.pitch + params.width * params.elementSize;
-    const bool overlaps = std::any_of(moved_bytes.begin(), moved_bytes.end(),
-                                      [&](const auto& m) { return begin < m.second && m.first < end; });
+    if (params.height == 0 || params.width == 0 || !in_scratch(bytes_of(params))) continue;
+    candidates.push_back(Candidate{node, params, bytes_of(params)});
+  }
+  std::vector<cudaGraphNode_t> to_move;
+  std::vector<MemsetElements> moved;
+  for (const Candidate& c : candidates) {
+    const bool overlaps = std::any_of(candidates.begin(), candidates.end(), [&](const Candidate& other) {
+      return other.node != c.node && c.bytes.first < other.bytes.second && other.bytes.first < c.bytes.second;
+    });
     if (overlaps) continue;
-    to_move.push_back(node);
-    moved.emplace_back(params);
-    moved_bytes.emplace_back(begin, end);
+    to_move.push_back(c.node);
+    moved.emplace_back(c.params);
   }
   if (moved.empty()) return 0;
   std::vector<cudaGraphNode_t> successors;  // of the moved nodes, each once, none of them moved

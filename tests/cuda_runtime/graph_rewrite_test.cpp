@@ -167,7 +167,8 @@ TEST(GraphMemsetNodes, MemsetsIntoScratchMoveToTheStartAndWriteTheSameBytes) {
 
   // One chain, as a capture makes it: copy A; memset M1 (scratch); copy B reads M1's bytes; memset
   // M2 (scratch); copy C reads M2's; memset M3 (not scratch); memset M4 (scratch, over two of M1's
-  // bytes: it must stay after M1); copy D reads M1's and M4's.
+  // bytes: both stay where they are, in their order); copy D reads M1's and M4's; memset M5
+  // (scratch); copy E reads M5's. M2 and M5 move.
   cudaGraph_t graph = nullptr;
   TANDEM_CUDA_CHECK(cudaGraphCreate(&graph, 0));
   cudaGraphNode_t last = nullptr;  // the chain's end
@@ -191,25 +192,29 @@ TEST(GraphMemsetNodes, MemsetsIntoScratchMoveToTheStartAndWriteTheSameBytes) {
   };
   add_copy(0, 4096, 16);                        // A
   add_memset({1024, 0, 1, 1, 4, 0x11223344});   // M1
-  cudaGraphNode_t b = add_copy(1024, 8192, 8);  // B
+  add_copy(1024, 8192, 8);                      // B
   add_memset({2048, 0, 3, 1, 2, 0xBEEF});       // M2
-  add_copy(2048, 8300, 8);                      // C
+  cudaGraphNode_t c = add_copy(2048, 8300, 8);  // C
   add_memset({12000, 0, 1, 1, 4, 0xCAFEF00D});  // M3
   add_memset({1026, 0, 2, 1, 1, 0x77});         // M4
   add_copy(1024, 8400, 8);                      // D
+  add_memset({2100, 0, 1, 1, 4, 0x0BADF00D});   // M5
+  add_copy(2100, 8500, 4);                      // E
 
   std::vector<unsigned char> want(kBytes, kBackground);
   const unsigned char m1_m4[] = {0x44, 0x33, 0x77, 0x77}, m2[] = {0xEF, 0xBE, 0xEF, 0xBE, 0xEF, 0xBE},
-                      m3[] = {0x0D, 0xF0, 0xFE, 0xCA}, m1[] = {0x44, 0x33, 0x22, 0x11};
+                      m3[] = {0x0D, 0xF0, 0xFE, 0xCA}, m1[] = {0x44, 0x33, 0x22, 0x11}, m5[] = {0x0D, 0xF0, 0xAD, 0x0B};
   std::memcpy(&want[1024], m1_m4, 4);
   std::memcpy(&want[2048], m2, 6);
   std::memcpy(&want[12000], m3, 4);
   std::memcpy(&want[8192], m1, 4);     // B, before M4
   std::memcpy(&want[8300], m2, 6);     // C
   std::memcpy(&want[8400], m1_m4, 4);  // D, after M4
+  std::memcpy(&want[2100], m5, 4);
+  std::memcpy(&want[8500], m5, 4);  // E
 
-  EXPECT_EQ(hoist_scratch_memsets(graph, scratch), 2);  // M1 and M2
-  EXPECT_EQ(nodes_of_type(graph, cudaGraphNodeTypeMemset), 2);
+  EXPECT_EQ(hoist_scratch_memsets(graph, scratch), 2);  // M2 and M5
+  EXPECT_EQ(nodes_of_type(graph, cudaGraphNodeTypeMemset), 3);
   ASSERT_EQ(nodes_of_type(graph, cudaGraphNodeTypeKernel), 1);
   size_t count = 0;
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
@@ -222,10 +227,10 @@ TEST(GraphMemsetNodes, MemsetsIntoScratchMoveToTheStartAndWriteTheSameBytes) {
     size_t before = 0;
     TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &before));
     EXPECT_EQ(before, 0u);  // at the graph's start
-    // One edge, to B: C follows B, so it waits for the node through B.
-    EXPECT_EQ(dependents_of(node), std::vector<cudaGraphNode_t>{b});
+    // One edge, to C: E follows C, so it waits for the node through C.
+    EXPECT_EQ(dependents_of(node), std::vector<cudaGraphNode_t>{c});
   }
-  EXPECT_EQ(replace_memset_nodes(graph), 2);  // M3 and M4, in place
+  EXPECT_EQ(replace_memset_nodes(graph), 3);  // M1, M3 and M4, in place
 
   expect_replays_write(graph, buffer, stream, want);
   TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
