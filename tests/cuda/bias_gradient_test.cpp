@@ -48,24 +48,33 @@ void expect_column_sums_close(const Tensor& got, const Tensor& terms, DType dtyp
   if (terms.shape()[1] > 0) EXPECT_LE(amax(excess).item<double>(), 0.0) << "column sums";
 }
 
-TEST(GeluBackwardColumnSums, MatchesTheElementwiseKernelAndAnF64Sum) {
-  TANDEM_REQUIRE_CUDA();
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 4096}, {1000, 3072}, {77, 44}, {50, 30},
-                                                           {33, 7},      {1, 8},       {0, 16}};
+// Runs check(dtype, rows, n, start) for every floating dtype, every (rows, n) of `shapes` and the
+// matrix at its buffer's start or one element in (no 16-byte loads), each case named in failures.
+template <typename Check>
+void for_each_case(const std::vector<std::pair<int64_t, int64_t>>& shapes, Check check) {
   for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
     for (const auto& [rows, n] : shapes) {
       for (int64_t start : {0, 1}) {
         SCOPED_TRACE(::testing::Message()
                      << dtype_name(dtype) << " (" << rows << ", " << n << ")" << (start ? " unaligned" : ""));
-        Tensor grad = random_matrix(rows, n, start, -1.0, 1.0, dtype);
-        Tensor pre = random_matrix(rows, n, start, -4.0, 4.0, dtype);
-        GeluBackwardResult got = run(grad, pre);
-        Tensor expected = kernels::unary_backward(UnaryOp::gelu_tanh, grad, pre);  // (rows, n)
-        EXPECT_TRUE(testing::all_close(on_cpu_f64(got.grad_pre), on_cpu_f64(expected), 0, 0)) << "d pre";
-        expect_column_sums_close(got.column_sum, on_cpu_f64(got.grad_pre), dtype);
+        check(dtype, rows, n, start);
       }
     }
   }
+}
+
+TEST(GeluBackwardColumnSums, MatchesTheElementwiseKernelAndAnF64Sum) {
+  TANDEM_REQUIRE_CUDA();
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 4096}, {1000, 3072}, {77, 44}, {50, 30},
+                                                           {33, 7},      {1, 8},       {0, 16}};
+  for_each_case(shapes, [](DType dtype, int64_t rows, int64_t n, int64_t start) {
+    Tensor grad = random_matrix(rows, n, start, -1.0, 1.0, dtype);
+    Tensor pre = random_matrix(rows, n, start, -4.0, 4.0, dtype);
+    GeluBackwardResult got = run(grad, pre);
+    Tensor expected = kernels::unary_backward(UnaryOp::gelu_tanh, grad, pre);  // (rows, n)
+    EXPECT_TRUE(testing::all_close(on_cpu_f64(got.grad_pre), on_cpu_f64(expected), 0, 0)) << "d pre";
+    expect_column_sums_close(got.column_sum, on_cpu_f64(got.grad_pre), dtype);
+  });
 }
 
 // The bias gradient of a layer without an activation: 2304 columns as GPT-2's QKV projection has,
@@ -74,19 +83,13 @@ TEST(ColumnSums, MatchAnF64Sum) {
   TANDEM_REQUIRE_CUDA();
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 2304}, {8192, 1024}, {1000, 3072}, {77, 44},
                                                            {50, 30},     {33, 7},      {1, 8},       {0, 16}};
-  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
-    for (const auto& [rows, n] : shapes) {
-      for (int64_t start : {0, 1}) {
-        SCOPED_TRACE(::testing::Message()
-                     << dtype_name(dtype) << " (" << rows << ", " << n << ")" << (start ? " unaligned" : ""));
-        Tensor grad = random_matrix(rows, n, start, -1.0, 1.0, dtype);
-        Tensor got = empty({n}, grad.options());
-        cuda::column_sums(grad, got);
-        expect_column_sums_close(got, on_cpu_f64(grad), dtype);
-        if (rows == 0 && n > 0) EXPECT_EQ(amax(abs(on_cpu_f64(got))).item<double>(), 0.0);
-      }
-    }
-  }
+  for_each_case(shapes, [](DType dtype, int64_t rows, int64_t n, int64_t start) {
+    Tensor grad = random_matrix(rows, n, start, -1.0, 1.0, dtype);
+    Tensor got = empty({n}, grad.options());
+    cuda::column_sums(grad, got);
+    expect_column_sums_close(got, on_cpu_f64(grad), dtype);
+    if (rows == 0 && n > 0) EXPECT_EQ(amax(abs(on_cpu_f64(got))).item<double>(), 0.0);
+  });
 }
 
 TEST(ColumnSums, AreReproducible) {
