@@ -72,9 +72,12 @@ struct Config {
   // only under mpirun, with its default checks.
   std::string dist_checks;
   bool cuda_graph = false;  // capture the step once as a CUDA graph after warm-up and replay it
+  std::string graph_dot;    // --cuda-graph: when set, the captured graph in Graphviz DOT form (Graph::debug_dump)
   // Time the candidate algorithms of every matrix product and convolution at their first use and
-  // keep the fastest (cuda::set_matmul_autotune, cuda::set_cudnn_benchmark).
+  // keep the fastest (cuda::set_matmul_tuning(all), cuda::set_cudnn_benchmark); by default only the
+  // large products are timed.
   bool autotune = false;
+  std::string matmul_tuning = "large";  // which products time their algorithms (cuda::MatmulTuning)
   // Deterministic mode (tandem::use_deterministic_algorithms) for the whole run, and a hash of the
   // final parameters printed and written to the JSON, to compare two runs bit for bit.
   bool deterministic = false;
@@ -95,8 +98,11 @@ int run_benchmark(const Config& cfg) {
   if (cfg.dist_checks == "off") setenv("TANDEM_DIST_DEBUG", "off", 0);
   if (cfg.deterministic) use_deterministic_algorithms(true);
   if (cfg.weight_gradients_beside) autograd::set_weight_gradients_beside(true);
+  cuda::set_matmul_tuning(cfg.matmul_tuning == "none"  ? cuda::MatmulTuning::none
+                          : cfg.matmul_tuning == "all" ? cuda::MatmulTuning::all
+                                                       : cuda::MatmulTuning::large);
   if (cfg.autotune) {
-    cuda::set_matmul_autotune(true);
+    cuda::set_matmul_tuning(cuda::MatmulTuning::all);
     cuda::set_cudnn_benchmark(true);
   }
   const dist::World& world = dist::init();
@@ -107,6 +113,8 @@ int run_benchmark(const Config& cfg) {
                   device, " (drop the flag, or run on a GPU with --device cuda)");
   TANDEM_CHECK_AS(ValueError, !cfg.cuda_graph || (cfg.trace.empty() && cfg.profile.empty()),
                   "--cuda-graph records no timings inside the graph: --trace and --profile need an eager step");
+  TANDEM_CHECK_AS(ValueError, cfg.graph_dot.empty() || cfg.cuda_graph,
+                  "--graph-dot writes the captured step's graph: it needs --cuda-graph");
   const train::PrecisionPolicy precision = train::PrecisionPolicy::parse(cfg.precision);
   TANDEM_CHECK_AS(ValueError, !cfg.compact_masters || cfg.precision == "bf16",
                   "--compact-masters is for --precision bf16, and this run is ", cfg.precision,
@@ -265,6 +273,10 @@ int run_benchmark(const Config& cfg) {
   }
   dist::scaling::StepProfile profile;
   if (!cfg.profile.empty()) profile = marks->profile([&] { step(); });  // one more untimed step
+  if (!cfg.graph_dot.empty()) {  // the graph is captured at the 4th step, which may not have come yet
+    if (!graphed->captured()) step();
+    graphed->graph().debug_dump(cfg.graph_dot);
+  }
   if (on_gpu) {
     cuda::synchronize(device.index);
     cuda::reset_peak_memory_stats(device.index);
@@ -396,6 +408,7 @@ int run_benchmark(const Config& cfg) {
       {"peak_memory_bytes_per_rank", peaks},
       {"deterministic", are_deterministic_algorithms_enabled()},
       {"autotune", cfg.autotune},
+      {"matmul_tuning", cfg.autotune ? std::string("all") : cfg.matmul_tuning},
       {"weight_gradients_beside", autograd::weight_gradients_beside()},
       {"params_hash", are_deterministic_algorithms_enabled() ? nlohmann::ordered_json(params_hash) : nullptr},
   };
@@ -480,6 +493,9 @@ int main(int argc, char** argv) {
   app.add_flag("--cuda-graph", cfg.cuda_graph,
                "capture the whole step (forward, backward, DDP's collectives, optimizer, loss scaling) as one CUDA "
                "graph after 3 eager steps and replay it (GPU only)");
+  app.add_option("--graph-dot", cfg.graph_dot,
+                 "--cuda-graph: write the captured graph to this file in Graphviz DOT form (its kernels with their "
+                 "parameters, and their dependencies)");
   app.add_flag("--compact-masters", cfg.compact_masters,
                "bf16: keep each f32 master weight as the parameter plus a 16-bit low half (the same masters in 2 "
                "bytes per parameter less, and 2 bytes less for the update to move)");
@@ -487,6 +503,10 @@ int main(int argc, char** argv) {
                "GPU: time the candidate algorithms of each matrix product (cuBLASLt) and convolution (cuDNN) at "
                "first use and keep the fastest, like PyTorch's TunableOp and cudnn.benchmark (ignored with "
                "--deterministic)");
+  app.add_option("--matmul-tuning", cfg.matmul_tuning,
+                 "GPU: which matrix products time cuBLASLt's candidate algorithms at first use: none, large (from "
+                 "8 GFLOP) or all (as --autotune does)")
+      ->check(CLI::IsMember({"none", "large", "all"}));
   app.add_flag("--weight-gradients-beside", cfg.weight_gradients_beside,
                "GPU: run backward's weight-gradient products on a second stream beside the rest of backward "
                "(the same bits; also TANDEM_WEIGHT_GRADIENTS_BESIDE=1)");

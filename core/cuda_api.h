@@ -114,14 +114,26 @@ enum class MatmulPrecision { highest, high };
 void set_matmul_precision(MatmulPrecision precision);
 MatmulPrecision matmul_precision();
 
-// Matrix products (matmul and the linear layer's fused products): time up to 8 of cuBLASLt's
-// heuristic algorithms once per problem and keep the fastest (like PyTorch's TunableOp), instead
-// of the heuristic's first. Off by default. Ignored in deterministic mode (the first, so that
-// runs give the same bits) and during graph capture (a problem first met there keeps the first).
-// The choice is timed, so two processes may choose differently; a problem already met keeps its
+// Which matrix products (matmul and the linear layer's fused products) choose their cuBLASLt
+// algorithm by timing: up to 8 of cuBLASLt's heuristic algorithms, run once per problem on the
+// problem's own operands, each run after the L2 cache was overwritten (as the step leaves it), and
+// the fastest kept instead of the heuristic's first (a later candidate only when at least 2%
+// faster, so near ties keep the heuristic's order).
+// - none: the heuristic's first for every product.
+// - large (the default): products of at least kTunedMatmulMinFlops (2 x batch x m x n x k), which
+//   run long enough (about 10 us and more on an H200) to time well. On an H200 this made every bf16
+//   step measured faster (GPT-2 124M B8 T1024, B1 T1024 and T128, the MLP), where timing every
+//   product too made GPT-2's small-batch steps slower than the heuristic's choices (see README.md,
+//   "Timed algorithm choice").
+// - all: every product, as PyTorch's TunableOp.
+// Ignored in deterministic mode (the heuristic's first, so that runs give the same bits) and during
+// graph capture (a problem first met there keeps the first). The choice is timed, so two processes
+// may choose differently and their results differ in the last bits; a problem already met keeps its
 // choice when this changes. TANDEM_MATMUL_LOG=1 prints each timed choice on stderr.
-void set_matmul_autotune(bool enabled);
-bool matmul_autotune();
+enum class MatmulTuning { none, large, all };
+constexpr double kTunedMatmulMinFlops = 8e9;
+void set_matmul_tuning(MatmulTuning tuning);
+MatmulTuning matmul_tuning();
 
 // Which kernels run bf16/f16 attention on CUDA: `automatic` takes cuDNN's fused flash attention
 // where tandem was built with cuDNN's frontend and tandem's own flash kernels elsewhere; `flash`

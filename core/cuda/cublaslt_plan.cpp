@@ -1,15 +1,19 @@
 #include "tandem/core/cuda/cublaslt_plan.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
+#include "tandem/core/backend.h"
 #include "tandem/core/determinism.h"
 
 namespace tandem::cuda {
 
 namespace {
-bool autotune = false;
+std::atomic<MatmulTuning> tuning{MatmulTuning::large};
 
 bool log_choices() {
   static const bool log = [] {
@@ -20,8 +24,8 @@ bool log_choices() {
 }
 }  // namespace
 
-void set_matmul_autotune(bool enabled) { autotune = enabled; }
-bool matmul_autotune() { return autotune; }
+void set_matmul_tuning(MatmulTuning t) { tuning = t; }
+MatmulTuning matmul_tuning() { return tuning; }
 
 namespace lt {
 
@@ -32,24 +36,28 @@ bool stream_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// Milliseconds per run of `algo` (the mean of kRuns after one untimed run), or a negative value
-// when cuBLASLt refuses to run it.
-double time_algorithm(const Launch& launch, const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
-  constexpr int kRuns = 5;
+// Milliseconds per run of `algo`: the median of kRuns after one untimed run, each run after
+// `flush` (L2-sized bytes) was overwritten, so that the operands come from memory as in a step
+// (back to back, a product whose operands fit in L2 timed faster than it runs there). Negative when
+// cuBLASLt refuses to run it.
+double time_algorithm(const Launch& launch, const cublasLtMatmulAlgo_t& algo, cudaStream_t stream,
+                      const Tensor& flush) {
+  constexpr int kRuns = 7;
   if (launch(algo) != CUBLAS_STATUS_SUCCESS) return -1;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  TANDEM_CUDA_CHECK(cudaEventCreate(&start));
-  TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
-  TANDEM_CUDA_CHECK(cudaEventRecord(start, stream));
+  std::vector<Event> start(kRuns), stop(kRuns);
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-  for (int r = 0; r < kRuns && status == CUBLAS_STATUS_SUCCESS; ++r) status = launch(algo);
-  TANDEM_CUDA_CHECK(cudaEventRecord(stop, stream));
-  TANDEM_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return status == CUBLAS_STATUS_SUCCESS ? ms / kRuns : -1;
+  for (int r = 0; r < kRuns && status == CUBLAS_STATUS_SUCCESS; ++r) {
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(flush.data_ptr(), r, static_cast<size_t>(flush.numel()), stream));
+    start[r].record_on(stream);
+    status = launch(algo);
+    stop[r].record_on(stream);
+  }
+  if (status != CUBLAS_STATUS_SUCCESS) return -1;
+  stop.back().synchronize();
+  std::vector<double> ms;  // (kRuns,)
+  for (int r = 0; r < kRuns; ++r) ms.push_back(start[r].elapsed_ms(stop[r]));
+  std::nth_element(ms.begin(), ms.begin() + kRuns / 2, ms.end());
+  return ms[kRuns / 2];
 }
 
 // What an algorithm is, for TANDEM_MATMUL_LOG: its id and the configuration cuBLASLt gave it
@@ -69,9 +77,11 @@ std::string describe(const cublasLtMatmulAlgo_t& algo) {
 }  // namespace
 
 Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
-                          const Alignments& alignments, const Launch& launch, const std::string& what) {
+                          const Alignments& alignments, double flops, const Launch& launch, const std::string& what) {
   const cudaStream_t stream = current_stream(device);
-  const bool tune = autotune && !are_deterministic_algorithms_enabled() && !stream_capturing(stream);
+  const MatmulTuning mode = tuning;
+  const bool wanted = mode == MatmulTuning::all || (mode == MatmulTuning::large && flops >= kTunedMatmulMinFlops);
+  const bool tune = wanted && !are_deterministic_algorithms_enabled() && !stream_capturing(stream);
   cublasLtMatmulPreference_t pref = nullptr;
   TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   size_t workspace = kWorkspaceBytes;
@@ -92,13 +102,17 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
   if (!h.found) return h;
   h.algo = results[0].algo;
   if (!tune || found == 1) return h;
+  int l2_bytes = 0;
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  const Tensor flush = empty({2 * static_cast<int64_t>(l2_bytes)},
+                             TensorOptions(DType::u8, Device(DeviceType::cuda, device)));  // (bytes,)
   // A later candidate replaces the best so far only when it is at least 2% faster: near ties keep
   // the heuristic's order, so that timing noise changes the choice less often.
   int best = -1;
   double best_ms = 0;
   std::string times;
   for (int i = 0; i < found; ++i) {
-    const double ms = time_algorithm(launch, results[i].algo, stream);
+    const double ms = time_algorithm(launch, results[i].algo, stream, flush);
     times += detail::concat(i == 0 ? "" : ", ", ms < 0 ? std::string("refused") : detail::concat(ms * 1e3, " us"));
     if (ms >= 0 && (best < 0 || ms < 0.98 * best_ms)) {
       best = i;

@@ -1,8 +1,9 @@
 #pragma once
 // cuBLASLt's algorithm choice, shared by matmul.cpp and linear.cpp: one heuristic query (cuBLASLt's
-// first result, limited by the workspace and the operands' alignments; with set_matmul_autotune,
-// the fastest of its first kTunedCandidates, timed on the problem's own operands) and a cache of
-// its answers per problem, so each shape, layout and alignment is asked about once.
+// first result, limited by the workspace and the operands' alignments; for the products that
+// set_matmul_tuning times, the fastest of its first kTunedCandidates, timed on the problem's own
+// operands) and a cache of its answers per problem, so each shape, layout and alignment is asked
+// about once.
 #include <functional>
 #include <map>
 #include <mutex>
@@ -31,11 +32,12 @@ using Launch = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>;
 constexpr int kTunedCandidates = 8;
 
 // The algorithm for D = op(A) @ op(B) (C = D in place) as desc and the layouts describe, with
-// kWorkspaceBytes of workspace: cuBLASLt's first, or under set_matmul_autotune (outside
-// deterministic mode and graph capture) the fastest of its first kTunedCandidates, each run
-// through `launch`. `what` names the problem in TANDEM_MATMUL_LOG's lines.
+// kWorkspaceBytes of workspace: cuBLASLt's first, or where set_matmul_tuning times a product of
+// `flops` (2 x batch x m x n x k; outside deterministic mode and graph capture) the fastest of its
+// first kTunedCandidates, each run through `launch`. `what` names the problem in
+// TANDEM_MATMUL_LOG's lines.
 Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
-                          const Alignments& alignments, const Launch& launch, const std::string& what);
+                          const Alignments& alignments, double flops, const Launch& launch, const std::string& what);
 
 // Heuristic answers per problem key; thread-safe.
 template <typename Key>

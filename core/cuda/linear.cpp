@@ -14,7 +14,7 @@
 //   also sums d_pre into the bias gradient of the layer that made pre, made GPT-2's bf16 step 6%
 //   slower on an H200: the linear ops sum that bias gradient in a pass of their own
 //   (core/cuda/bias_gradient.cu), which beat BGRADB on the weight gradient's matmul as well.
-// Algorithms come from the heuristic (or are timed: cuda::set_matmul_autotune) and are cached per
+// Algorithms come from the heuristic (or are timed: cuda::set_matmul_tuning) and are cached per
 // problem; a problem without an algorithm is reported (false) so the caller composes plain kernels
 // instead.
 #include <tuple>
@@ -107,7 +107,8 @@ bool run(const Problem& p) {
   // No algorithm (an epilogue this library version cannot fuse for the problem) is not an error:
   // the caller composes plain kernels, whose own calls report any real failure.
   const Heuristic h = plans().find(key, [&] {
-    return query_heuristic(device, desc, layout_a, layout_b, layout_d, {align_a, align_b, align_d}, launch,
+    const double flops = 2.0 * static_cast<double>(p.rows) * static_cast<double>(p.cols) * static_cast<double>(p.k);
+    return query_heuristic(device, desc, layout_a, layout_b, layout_d, {align_a, align_b, align_d}, flops, launch,
                            detail::concat("linear ", dtype_name(p.dtype), " D (", p.rows, ", ", p.cols, "), k ", p.k,
                                           ", epilogue ", static_cast<int>(p.epilogue)));
   });

@@ -3,7 +3,7 @@
 // So C = A @ B is computed as C^T = B^T @ A^T with the operands swapped, each passed as stored
 // (transposed views become a transpose op, not a copy). f16/bf16 accumulate in f32; f32 uses
 // TF32 tensor cores only under MatmulPrecision::high. Algorithms come from cuBLASLt's heuristic
-// (or are timed: set_matmul_autotune) and are cached per shape, layout and alignment.
+// (or are timed: set_matmul_tuning) and are cached per shape, layout and alignment.
 #include <tuple>
 
 #include "tandem/core/backend.h"
@@ -82,9 +82,11 @@ void matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   };
   // cuBLASLt's A is our B.
   const Heuristic h = plans.find(key, [&] {
-    return query_heuristic(device, desc, layout_b, layout_a, layout_c, {align_b, align_a, align_c}, launch,
-                           detail::concat("matmul ", dtype_name(a.dtype()), " ", batch, " x (", m, ", ", k, ") @ (", k,
-                                          ", ", n, ")"));
+    const double flops =
+        2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    return query_heuristic(
+        device, desc, layout_b, layout_a, layout_c, {align_b, align_a, align_c}, flops, launch,
+        detail::concat("matmul ", dtype_name(a.dtype()), " ", batch, " x (", m, ", ", k, ") @ (", k, ", ", n, ")"));
   });
   TANDEM_CUBLAS_CHECK(h.status);
   TANDEM_CHECK_AS(BackendError, h.found, "matmul: cuBLASLt has no algorithm for ", batch, " x (", m, ", ", k, ") @ (", k,

@@ -82,8 +82,8 @@ bool Event::query() const { no_cuda("cuda::Event"); }
 double Event::elapsed_ms(const Event&) const { no_cuda("cuda::Event"); }
 void set_matmul_precision(MatmulPrecision) {}
 MatmulPrecision matmul_precision() { return MatmulPrecision::highest; }
-void set_matmul_autotune(bool) {}
-bool matmul_autotune() { return false; }
+void set_matmul_tuning(MatmulTuning) {}
+MatmulTuning matmul_tuning() { return MatmulTuning::large; }
 void set_cudnn_benchmark(bool) {}
 void* device_allocate(size_t, int) { no_cuda("allocating cuda memory"); }
 void device_free(void*, int) {}

@@ -1,4 +1,4 @@
-// Timed algorithm choice for cuBLASLt (cuda::set_matmul_autotune): products whose algorithm was
+// Timed algorithm choice for cuBLASLt (cuda::set_matmul_tuning): products whose algorithm was
 // chosen by timing still match the CPU in f64, on fresh random inputs, and a problem keeps its
 // choice (the same bits on a second call). The shapes are this file's own, so that no earlier test
 // of the process has already fixed their algorithm.
@@ -16,10 +16,11 @@ Tensor rounded(const Shape& shape, double low, double high, DType dtype) {
 Tensor on_gpu(const Tensor& t, DType dtype) { return to(to(t, dtype), Device("cuda")); }
 Tensor on_cpu(const Tensor& t) { return to(to(t, Device("cpu")), DType::f64); }
 
-// Turns autotuning on for one test.
+// Times every product for one test.
 struct AutotuneOn {
-  AutotuneOn() { cuda::set_matmul_autotune(true); }
-  ~AutotuneOn() { cuda::set_matmul_autotune(false); }
+  AutotuneOn() { cuda::set_matmul_tuning(cuda::MatmulTuning::all); }
+  ~AutotuneOn() { cuda::set_matmul_tuning(before); }
+  cuda::MatmulTuning before = cuda::matmul_tuning();
 };
 
 TEST(MatmulAutotune, TimedChoicesMatchTheCpuAndStay) {
