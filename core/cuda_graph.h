@@ -59,12 +59,13 @@ void keep_until_capture_ends(std::shared_ptr<void> object);
 void before_each_replay(std::function<void()> fn);
 
 // During a capture: adds a node to the graph that writes `nbytes` bytes (1 to 64) to `dst` (device
-// memory made outside the graph's pool: see OutsideGraphPool) at the start of every replay; work
-// captured next on the calling thread's current stream waits for it. Before each launch of a
-// replay `values` runs on the host (after the before-replay functions) and fills the bytes that
-// replay writes: they are the node's arguments, set on the instantiated graph, so no copy runs
-// between replays and a replay already queued keeps its own values. The node starts with the
-// graph, beside its first nodes. `values` is not called at capture.
+// memory made outside the graph's pool: see OutsideGraphPool) in every replay, in line on the
+// calling thread's current stream: it waits for the work captured there before it (which may still
+// read an earlier write's values), and work captured next there waits for it. Before each launch
+// of a replay `values` runs on the host (after the before-replay functions) and fills the bytes
+// that replay writes: they are the node's arguments, set on the instantiated graph, so no copy
+// runs between replays and a replay already queued keeps its own values. `values` is not called
+// at capture.
 void write_on_each_replay(void* dst, size_t nbytes, std::function<void(void* bytes)> values);
 
 // During a capture on `device`: copies `nbytes` bytes from the host into device memory that the

@@ -31,6 +31,17 @@ __device__ __forceinline__ void dependent_kernel_begin() {
 #endif
 }
 
+// For a small kernel whose dependents need nothing from it until it completes: lets the next
+// dependent kernel be scheduled at once (its blocks wait in its own dependent_kernel_begin for this
+// kernel to complete, which it does only after the wait here), then waits as dependent_kernel_begin
+// does. The dependent's launch then overlaps the kernel before this one instead of starting after it.
+__device__ __forceinline__ void dependent_kernel_begin_dependents_first() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // kernel<<<grid, block, shared, stream>>>(args...), allowed to start before the previous kernel
 // in `stream` finishes (see above). The kernel must begin with dependent_kernel_begin().
 template <typename... Params, typename... Args>

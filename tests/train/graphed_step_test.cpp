@@ -337,6 +337,37 @@ TEST(CudaGraph, ValuesWrittenOnEachReplayAreTheOnesOfThatLaunch) {
   }
 }
 
+TEST(CudaGraph, AWriteOnEachReplayWaitsForTheReadersOfTheWriteBeforeIt) {
+  SKIP_WITHOUT_GPU();
+  // Two writes to the same memory in one graph, each read by a large add after it: the second may
+  // not land before the first add has read the first write's values.
+  constexpr int64_t n = 1 << 22;
+  Tensor values = zeros({1}, TensorOptions(DType::f32, kGpu));  // (1,) what each write puts there
+  Tensor total = zeros({n}, TensorOptions(DType::f32, kGpu));   // (n,) the sum of what the adds read
+  kernels::add_(total, values);                                 // warm
+  int calls = 0;
+  auto write = [&calls](float value) {
+    return [value, &calls](void* bytes) {
+      std::memcpy(bytes, &value, sizeof value);
+      ++calls;
+    };
+  };
+  cuda::Graph graph;
+  {
+    cuda::GraphCapture capture(graph, 0);
+    cuda::write_on_each_replay(values.data_ptr(), sizeof(float), write(1.0f));
+    kernels::add_(total, values.expand({n}));
+    cuda::write_on_each_replay(values.data_ptr(), sizeof(float), write(1000.0f));
+    kernels::add_(total, values.expand({n}));
+    capture.end();
+  }
+  constexpr int kReplays = 5;
+  for (int i = 0; i < kReplays; ++i) graph.replay();
+  EXPECT_EQ(calls, 2 * kReplays);
+  std::vector<double> got = to(total, Device("cpu")).to_double_vector();
+  for (int64_t i = 0; i < n; i += 4099) ASSERT_EQ(got[i], 1001.0 * kReplays) << "element " << i;
+}
+
 TEST(CudaGraph, UploadsForTheGraphAreWrittenOnceAndHeldWithIt) {
   SKIP_WITHOUT_GPU();
   Tensor x = randn({16}, kGpu);
