@@ -124,10 +124,11 @@ void write_on_each_replay(void* dst, size_t nbytes, std::function<void(void*)> v
   TANDEM_CHECK_AS(GraphCaptureError, status == cudaStreamCaptureStatusActive,
                   "write_on_each_replay: the current stream of cuda:", s.device, " is not part of the capture");
   // In line, where the caller is: the node waits for the work captured before it and what this
-  // stream captures next waits for it, through dependent launch. A root beside the graph's first
-  // nodes instead made the node that reads the values a join of two branches, which cost the MLP's
-  // and GPT-2's replayed steps about 1.5 us before the optimizer's update on an H200. Its values
-  // until the first launch sets them: zeros.
+  // stream captures next waits for it, through dependent launch. It was a root beside the graph's
+  // first nodes, with an edge to the next node captured: its reader became a join of two branches.
+  // In line, on two H200s, the MLP's replayed step took 2 to 3 us less and GPT-2 B1 T1024's 2 to 4
+  // us more (the optimizer's update waits for one more kernel). Its values until the first launch
+  // sets them: zeros.
   Graph::State::ReplayWrite w{nullptr, dst, static_cast<unsigned>(nbytes), std::move(values)};
   launch_replay_values(ReplayValues{}, dst, w.nbytes, stream);
   const cudaGraphNode_t* last = nullptr;
