@@ -10,6 +10,7 @@ bool is_built();     // this build has the CUDA backend
 int device_count();  // 0 when built without CUDA or when no GPU is visible
 bool is_available();  // is_built() && device_count() > 0
 void synchronize(int device = 0);  // waits for all work tandem queued on the device
+int64_t l2_cache_bytes(int device = 0);  // the device's L2 cache (0 without CUDA)
 // Marks the span a profiler started with "profile from start off" records (ncu
 // --profile-from-start off, nsys --capture-range=cudaProfilerApi); no-ops without CUDA.
 void profiler_start();

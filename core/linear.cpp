@@ -153,6 +153,12 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
   return grads;
 }
 
+bool weight_gradient_first(const Tensor& grad_out, const Tensor& weight) {
+  if (!grad_out.device().is_cuda()) return false;
+  const int64_t weight_gradient_bytes = weight.numel() * static_cast<int64_t>(dtype_size(grad_out.dtype()));
+  return 4 * weight_gradient_bytes >= cuda::l2_cache_bytes(grad_out.device().index);
+}
+
 bool input_gelu_in_epilogue(const Tensor& grad_out, const Tensor& weight) {
   const int64_t n = weight.shape()[0], k = weight.shape()[1];
   const int64_t m = grad_out.numel() / std::max<int64_t>(n, 1);

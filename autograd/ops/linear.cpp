@@ -1,7 +1,8 @@
 // The linear layer as one differentiable op: out = act(x @ weight^T + bias). The forward keeps the
 // pre-activation when there is an activation; the backward takes the activation's gradient d with
 // the bias gradient (d's column sums, in the same pass on CUDA: core/cuda/bias_gradient.cu), then
-// dx = d @ W, and dW = d^T @ x beside the rest of backward (autograd/side_stream.h).
+// dx = d @ W and dW = d^T @ x (dW first where it is large: kernels::weight_gradient_first; beside
+// the rest of backward with autograd/side_stream.h).
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
 #include "tandem/autograd/side_stream.h"
@@ -22,13 +23,29 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
                  x_shape = x.shape(), activation, need_x, need_w, need_b](const Tensor& g) -> std::vector<Tensor> {
                   // d pre (M, N), and the bias gradient where the activation's pass sums it
                   kernels::LinearActivationGrads a = kernels::linear_backward_activation(g, pre, activation, need_b);
-                  Tensor gx = need_x ? kernels::linear_backward_input(a.grad, sw, x_shape) : Tensor();  // like x
                   const bool bias_left = need_b && !a.bias.defined();
-                  if (!need_w && !bias_left) return {gx, Tensor(), a.bias};
-                  std::vector<Tensor> w = autograd::run_beside({a.grad, sx}, [&]() -> std::vector<Tensor> {
-                    kernels::LinearGrads grads = kernels::linear_backward_weight(a.grad, sx, sw, need_w, bias_left);
-                    return {grads.weight, grads.bias};  // (N, K), (N,)
-                  });
+                  const bool weights = need_w || bias_left;
+                  auto input_gradient = [&] {
+                    return need_x ? kernels::linear_backward_input(a.grad, sw, x_shape) : Tensor();  // like x
+                  };
+                  auto weight_gradients = [&] {
+                    return autograd::run_beside({a.grad, sx}, [&]() -> std::vector<Tensor> {
+                      kernels::LinearGrads grads = kernels::linear_backward_weight(a.grad, sx, sw, need_w, bias_left);
+                      return {grads.weight, grads.bias};  // (N, K), (N,)
+                    });
+                  };
+                  // dW first where writing it would push dx out of L2 before the node before reads it
+                  // (kernels::weight_gradient_first); dx first elsewhere, and where dW goes beside.
+                  std::vector<Tensor> w = {Tensor(), Tensor()};
+                  Tensor gx;
+                  if (weights && need_x && !autograd::weight_gradients_beside() &&
+                      kernels::weight_gradient_first(a.grad, sw)) {
+                    w = weight_gradients();
+                    gx = input_gradient();
+                  } else {
+                    gx = input_gradient();
+                    if (weights) w = weight_gradients();
+                  }
                   return {gx, w[0], bias_left ? w[1] : a.bias};
                 });
 }

@@ -52,6 +52,18 @@ int device_count() {
 
 bool is_available() { return device_count() > 0; }
 
+int64_t l2_cache_bytes(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int64_t> bytes[kMaxDevices];  // per device: 0 not asked yet
+  if (device < 0 || device >= kMaxDevices) return 0;
+  if (bytes[device] == 0) {
+    int size = 0;
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&size, cudaDevAttrL2CacheSize, device));
+    bytes[device] = size;
+  }
+  return bytes[device];
+}
+
 void check_device(int device) {
   int count = device_count();
   TANDEM_CHECK_AS(DeviceError, device >= 0 && device < count && device < kMaxDevices, "cuda:", device,

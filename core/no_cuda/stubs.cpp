@@ -17,6 +17,7 @@ namespace {
 bool is_built() { return false; }
 int device_count() { return 0; }
 bool is_available() { return false; }
+int64_t l2_cache_bytes(int) { return 0; }
 void synchronize(int) { no_cuda("synchronize"); }
 void profiler_start() {}
 void profiler_stop() {}

@@ -2,7 +2,7 @@
 // gradient summed in one pass over the output's gradient, through GELU's backward where it had one)
 // against the CPU's composed matmul + add + gelu, forward and every gradient, on fresh random
 // inputs in f32 (with and without TF32), bf16 and f16; GPT-2's MLP shapes, a width that is no
-// multiple of 8 (GELU composed), and no bias.
+// multiple of 8 (GELU composed), no bias, and a weight large enough that its gradient comes first.
 #include "support/test_util.h"
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/kernels.h"
@@ -88,6 +88,24 @@ TEST(LinearParity, F16) {
   TANDEM_REQUIRE_CUDA();
   cuda::set_poison_allocations(true);
   for (const LinearCase& c : cases(DType::f16)) check_case(c, 4e-3);
+  cuda::synchronize();
+  cuda::set_poison_allocations(false);
+}
+
+TEST(LinearParity, ALargeWeightGradientMadeFirstMatches) {
+  TANDEM_REQUIRE_CUDA();
+  // 4096 x 2048 in bf16, 16 MiB: the backward makes the weight gradient before the input gradient
+  // on a GPU whose L2 holds at most 64 MiB.
+  const LinearCase c{DType::bf16, 1, 24, 2048, 4096, true, Activation::gelu_tanh};
+  Tensor grad = empty({24, 4096}, TensorOptions(DType::bf16, Device("cuda")));  // (M, N) for the rule
+  Tensor weight = empty({4096, 2048}, TensorOptions(DType::bf16, Device("cuda")));
+  if (!kernels::weight_gradient_first(grad, weight)) {
+    GTEST_SKIP() << "this GPU's L2 (" << cuda::l2_cache_bytes() << " bytes) keeps a 16 MiB weight gradient second";
+  }
+  EXPECT_FALSE(kernels::weight_gradient_first(to(grad, Device("cpu")), to(weight, Device("cpu"))))
+      << "the CPU keeps the input gradient first";
+  cuda::set_poison_allocations(true);
+  check_case(c, 2e-2);
   cuda::synchronize();
   cuda::set_poison_allocations(false);
 }
