@@ -102,10 +102,8 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
   if (!h.found) return h;
   h.algo = results[0].algo;
   if (!tune || found == 1) return h;
-  int l2_bytes = 0;
-  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-  const Tensor flush = empty({2 * static_cast<int64_t>(l2_bytes)},
-                             TensorOptions(DType::u8, Device(DeviceType::cuda, device)));  // (bytes,)
+  const Tensor flush =
+      empty({2 * l2_cache_bytes(device)}, TensorOptions(DType::u8, Device(DeviceType::cuda, device)));  // (bytes,)
   // A later candidate replaces the best so far only when it is at least 2% faster: near ties keep
   // the heuristic's order, so that timing noise changes the choice less often.
   int best = -1;

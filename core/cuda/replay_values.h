@@ -26,9 +26,9 @@ struct ReplayValues {
 // nbytes) to dst once the work before it in the stream has finished.
 void launch_replay_values(const ReplayValues& values, void* dst, unsigned nbytes, cudaStream_t stream);
 
-// The node's kernel, threads and arguments for cudaGraphExecKernelNodeSetParams: it writes values->bytes[0, *nbytes) to
-// *dst. `args` (3,) receives the arguments' addresses; values, dst and nbytes must stay alive as long as the parameters
-// are used (a cudaGraphAddKernelNode or cudaGraphExecKernelNodeSetParams call).
+// The node's kernel, threads and arguments for cudaGraphExecKernelNodeSetParams: it writes
+// values->bytes[0, *nbytes) to *dst. `args` (3,) receives the arguments' addresses; values, dst and
+// nbytes must stay alive for the duration of that call.
 cudaKernelNodeParams replay_values_node(const ReplayValues* values, void* const* dst, const unsigned* nbytes,
                                         void* args[3]);
 
