@@ -127,8 +127,9 @@ MatmulPrecision matmul_precision();
 //   product too made GPT-2's small-batch steps slower than the heuristic's choices (see README.md,
 //   "Timed algorithm choice").
 // - all: every product, as PyTorch's TunableOp.
-// Ignored in deterministic mode (the heuristic's first, so that runs give the same bits) and during
-// graph capture (a problem first met there keeps the first). The choice is timed, so two processes
+// Ignored in deterministic mode (the heuristic's first, so that runs give the same bits), during
+// graph capture (a problem first met there keeps the first) and where the device has no room for
+// the timing's buffer (twice the L2 cache, freed after: the first). The choice is timed, so two processes
 // may choose differently and their results differ in the last bits; a problem already met keeps its
 // choice when this changes. TANDEM_MATMUL_LOG=1 prints each timed choice on stderr.
 enum class MatmulTuning { none, large, all };

@@ -102,8 +102,14 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
   if (!h.found) return h;
   h.algo = results[0].algo;
   if (!tune || found == 1) return h;
-  const Tensor flush =
-      empty({2 * l2_cache_bytes(device)}, TensorOptions(DType::u8, Device(DeviceType::cuda, device)));  // (bytes,)
+  // The one allocation the timing needs. Where memory is too short for it, the heuristic's first,
+  // untimed, rather than failing the product.
+  Tensor flush;  // (bytes,)
+  try {
+    flush = empty({2 * l2_cache_bytes(device)}, TensorOptions(DType::u8, Device(DeviceType::cuda, device)));
+  } catch (const OutOfMemoryError&) {
+    return h;
+  }
   // A later candidate replaces the best so far only when it is at least 2% faster: near ties keep
   // the heuristic's order, so that timing noise changes the choice less often.
   int best = -1;
