@@ -89,7 +89,6 @@ std::vector<UpdateGroup> group_update(const char* op, const UpdateTensors& t, si
       fresh.tensors.found_inf = t.found_inf;
       fresh.tensors.inv_scale = t.inv_scale;
       if (t.lr_on_device.defined() && t.lr_on_device.device() == p.device()) fresh.tensors.lr_on_device = t.lr_on_device;
-      fresh.tensors.table_cache = t.table_cache;  // entries are told apart by their bytes and stream
       groups.push_back(std::move(fresh));
       it = groups.end() - 1;
     }

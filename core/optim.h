@@ -46,24 +46,6 @@ struct AdamWHyper {
   bool compact_masters = false;
 };
 
-// Device copies of the tables a backend builds for an update (the CUDA backend's table of each
-// tensor's pointers and size), kept between steps by the optimizer that owns this: when a step's
-// tables are byte for byte those of an earlier step on the same stream, the update reads the
-// earlier copy again instead of uploading the tables before it (one host-to-device copy, and the
-// GPU's wait for it, less per eagerly run update). Inside a graph capture the graph holds its own
-// copy and this is not used. Filled and read only by the backend.
-struct UpdateTableCache {
-  // More tables than this in a step (an update per DDP bucket, per group): the oldest are uploaded
-  // again.
-  static constexpr size_t kMaxEntries = 64;
-  struct Entry {
-    std::vector<unsigned char> host;   // the tables' bytes, as uploaded
-    const void* stream = nullptr;      // the stream they were uploaded on, the only one that reads them
-    Tensor device_copy;                // (host.size(),) u8, never written again
-  };
-  std::vector<Entry> entries;  // the most recently used first
-};
-
 // The tensors of one fused optimizer update, one entry per parameter in every list.
 // - grads: the parameter's dtype and shape.
 // - states: [role][parameter], contiguous, in optimizer_state_dtype(): SGD's momentum buffers
@@ -81,7 +63,6 @@ struct UpdateTableCache {
 // - lr_on_device: undefined, or (2,) f64 on the parameters' device holding lr and
 //   1 - lr * weight_decay, read by the update instead of the hyper-parameters' lr (a CUDA graph
 //   replays the update with the lr of its step; optim::ParamGroup::device_hyper).
-// - table_cache: null (the tables are uploaded before every update), or the owner's cache.
 struct UpdateTensors {
   std::vector<Tensor> params, grads;
   std::vector<std::vector<Tensor>> states;
@@ -89,7 +70,6 @@ struct UpdateTensors {
   std::vector<Tensor> masters;
   Tensor found_inf, inv_scale;
   Tensor lr_on_device;
-  UpdateTableCache* table_cache = nullptr;
 };
 
 // The dtype of optimizer state (momentum, moments): f32 for 16-bit parameters, else theirs.

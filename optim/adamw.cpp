@@ -78,7 +78,6 @@ void AdamW::update(ParamGroup& base, const std::vector<Item>& items, const StepS
     lists.inv_scale = scaling->inv_scale;
   }
   if (cuda::is_capturing()) lists.lr_on_device = g.device_hyper;
-  lists.table_cache = table_cache();
   AdamWHyper h;
   h.lr = g.lr;
   h.beta1 = g.beta1;

@@ -32,7 +32,6 @@
 #include <utility>
 #include <vector>
 
-#include "tandem/core/optim.h"
 #include "tandem/core/tensor.h"
 
 namespace tandem::dist {
@@ -148,9 +147,6 @@ class Optimizer {
     ParamState* state;
   };
 
-  // The device copies of update tables kept between steps, for UpdateTensors::table_cache.
-  UpdateTableCache* table_cache() { return &table_cache_; }
-
   // Checks the group (floating-point leaf tensors, none already in this optimizer, valid
   // hyper-parameters) and appends it.
   ParamGroup& add_group(std::unique_ptr<ParamGroup> group);
@@ -185,7 +181,6 @@ class Optimizer {
 
   std::vector<std::unique_ptr<ParamGroup>> groups_;
   std::vector<std::vector<ParamState>> state_;  // [group][parameter]
-  UpdateTableCache table_cache_;
 };
 
 }  // namespace tandem::optim

@@ -99,7 +99,6 @@ void SGD::update(ParamGroup& base, const std::vector<Item>& items, const StepSca
         l.inv_scale = scaling->inv_scale;
       }
       if (cuda::is_capturing()) l.lr_on_device = g.device_hyper;
-      l.table_cache = table_cache();
       h.first_step = first == 1;
       kernels::sgd_step(l, h);
     }

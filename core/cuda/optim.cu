@@ -11,11 +11,9 @@
 // - The buffer goes to the device in one upload, into a block of tandem's caching allocator on the
 //   stream the kernel runs on, so the block is only reused after the kernel (stream order), and the
 //   number of tensors is not limited by the size of kernel parameters. It grows with the number
-//   of tensors, not of chunks. An optimizer's tables are usually the same at every step, so the
-//   optimizer keeps the uploaded buffers (UpdateTensors::table_cache) and a step whose tables
-//   match one of them, byte for byte and on the same stream, reads it again without an upload.
-//   Inside a graph capture the tables are the same at every replay: they are uploaded once, into
-//   memory the graph holds (upload_for_graph), and no replay copies them.
+//   of tensors, not of chunks. Inside a graph capture the tables are the same at every replay:
+//   they are uploaded once, into memory the graph holds (upload_for_graph), and no replay copies
+//   them.
 // - Block b updates its chunk in a loop over its elements: 16-byte loads of the f32 / f64 state
 //   (4 / 2 elements, with the matching 8- or 16-byte loads of 16-bit parameters and gradients)
 //   when every pointer of the tensor is aligned for them, one element at a time otherwise (views
@@ -38,7 +36,6 @@
 // written back beside it; a compact one (a bf16 parameter's low halves, core/master_halves.h) is
 // joined with the parameter into the f32 master and split into both again. The tensors of a list
 // are launched by kind (no master, f32 master, compact master), one kernel each.
-#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -63,10 +60,8 @@ struct TensorSlot {
   void* ptr[kMaxRoles];
   int64_t numel;
   int32_t vectorised;  // every pointer is aligned for Packed loads
-  int32_t unused = 0;  // no padding: tables are compared byte for byte (UpdateTableCache)
 };
 static_assert(sizeof(TensorSlot) % 16 == 0, "the chunk starts after the tensor table stay aligned");
-static_assert(std::has_unique_object_representations_v<TensorSlot>, "no padding bytes in a tensor table");
 
 // Where block `chunk`'s elements are: tensor `tensor`, elements [begin, begin + n) of it.
 struct ChunkPlace {
@@ -315,36 +310,11 @@ struct Tables {
   int64_t num_tensors = 0, num_chunks = 0;
 };
 
-// The device copy of `host` (the tables' bytes) for a kernel on `stream`: the cache's, when it
-// has these bytes from the same stream (the entry moves to the front), else a fresh upload, kept
-// in the cache when there is one (the least recently used entry beyond its size is dropped; its
-// block returns to the allocator on the stream that read it).
-Tensor device_tables(std::vector<unsigned char> host, UpdateTableCache* cache, cudaStream_t stream, Device device) {
-  if (cache != nullptr) {
-    auto& entries = cache->entries;
-    for (auto it = entries.begin(); it != entries.end(); ++it) {
-      if (it->stream == stream && it->host == host) {
-        std::rotate(entries.begin(), it, it + 1);
-        return entries.front().device_copy;
-      }
-    }
-  }
-  Tensor copy = empty({static_cast<int64_t>(host.size())}, TensorOptions(DType::u8, device));  // (bytes,)
-  copy_host_to_device(copy.data_ptr(), host.data(), host.size(), device.index);
-  if (cache != nullptr) {
-    auto& entries = cache->entries;
-    entries.insert(entries.begin(), UpdateTableCache::Entry{std::move(host), stream, copy});
-    if (entries.size() > UpdateTableCache::kMaxEntries) entries.pop_back();
-  }
-  return copy;
-}
-
-// Builds and uploads the tables for one list of tensors (or finds them in `cache`, which may be
-// null). slots[t] has every pointer but its size; vector_bytes[r] is the alignment role r needs
-// for vector loads. Empty tensors have no chunks.
+// Builds and uploads the tables for one list of tensors. slots[t] has every pointer but its
+// size; vector_bytes[r] is the alignment role r needs for vector loads. Empty tensors have no
+// chunks.
 Tables upload_tables(const char* name, std::vector<TensorSlot> slots, const std::vector<int64_t>& numels,
-                     const size_t (&vector_bytes)[kMaxRoles], Device device, cudaStream_t stream,
-                     UpdateTableCache* cache) {
+                     const size_t (&vector_bytes)[kMaxRoles], Device device) {
   Tables tables;
   std::vector<int64_t> chunk_starts;  // (num_tensors,)
   int64_t chunks = 0;
@@ -373,7 +343,8 @@ Tables upload_tables(const char* name, std::vector<TensorSlot> slots, const std:
     // Every replay reads the same tables: uploaded once, not copied again before each update.
     base = static_cast<const unsigned char*>(upload_for_graph(host.data(), host.size(), device.index));
   } else {
-    tables.buffer = device_tables(std::move(host), cache, stream, device);
+    tables.buffer = empty({static_cast<int64_t>(host.size())}, TensorOptions(DType::u8, device));  // (bytes,)
+    copy_host_to_device(tables.buffer.data_ptr(), host.data(), host.size(), device.index);
     base = static_cast<const unsigned char*>(tables.buffer.data_ptr());
   }
   tables.tensors = reinterpret_cast<const TensorSlot*>(base);
@@ -430,8 +401,7 @@ void launch_update(const char* name, const UpdateTensors& t, const Op& op) {
   cudaStream_t stream = stream_of(t.params[0]);
   for (int kind = 0; kind < kWeightKinds; ++kind) {
     if (slots[kind].empty()) continue;
-    Tables tables =
-        upload_tables(name, std::move(slots[kind]), numels[kind], vector_bytes, device, stream, t.table_cache);
+    Tables tables = upload_tables(name, std::move(slots[kind]), numels[kind], vector_bytes, device);
     if (tables.num_chunks == 0) continue;
     const unsigned blocks = static_cast<unsigned>(tables.num_chunks);
     if (kind == static_cast<int>(Weights::parameter)) {
@@ -604,12 +574,10 @@ void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, const Tenso
       numels.push_back(grads[i].numel());
     }
     const size_t vector_bytes[kMaxRoles] = {0, 16, 0, 0, 0, 0};
-    cudaStream_t stream = stream_of(grads[0]);
-    Tables tables = upload_tables("non_finite_check_and_unscale_", std::move(slots), numels, vector_bytes, device,
-                                  stream, nullptr);
+    Tables tables = upload_tables("non_finite_check_and_unscale_", std::move(slots), numels, vector_bytes, device);
     if (tables.num_chunks == 0) return;
     launch_dependent(multi_tensor_check_and_unscale<T>, static_cast<unsigned>(tables.num_chunks), kOptimThreads, 0,
-                     stream, tables.tensors, tables.chunk_starts, tables.num_tensors,
+                     stream_of(grads[0]), tables.tensors, tables.chunk_starts, tables.num_tensors,
                      static_cast<float*>(found_inf.data_ptr()), scalar_ptr(inv_scale));
     check_launch("non_finite_check_and_unscale_");
   });

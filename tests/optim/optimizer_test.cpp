@@ -744,59 +744,6 @@ TEST(OptimCuda, MasterWeightsAndScalingMatchCpu) {
   cuda::set_poison_allocations(false);
 }
 
-// Device clones of `ts` (new memory, the same bits).
-std::vector<Tensor> clones(const std::vector<Tensor>& ts) {
-  std::vector<Tensor> out;
-  for (const Tensor& t : ts) out.push_back(kernels::clone(t));
-  return out;
-}
-
-// An optimizer keeps its update tables on the device between steps (UpdateTableCache): a step
-// with the tensors of an earlier one reads that step's upload again, a step with another tensor
-// (here a gradient in new memory) uploads its own, and every step gives the bits of the same
-// update without the cache.
-TEST(OptimCuda, UpdateTablesKeptBetweenStepsGiveTheSameBits) {
-  TANDEM_REQUIRE_CUDA();
-  const AdamWHyper h{0.01, 0.8, 0.95, 1e-6, 0.1};
-  std::vector<Tensor> params = assorted(DType::bf16, kSizes, true), twins = clones(params);
-  std::vector<Tensor> masters, twin_masters;
-  for (const Tensor& p : params) masters.push_back(kernels::to_dtype(p, DType::f32));
-  twin_masters = clones(masters);
-  std::vector<Tensor> m = state_like(params, true), v = state_like(params, true);
-  std::vector<Tensor> twin_m = clones(m), twin_v = clones(v);
-  std::vector<Tensor> steps = step_counts(params), twin_steps = clones(steps);
-  const std::vector<Tensor> first_grads = assorted(DType::bf16, kSizes, true);
-  const std::vector<Tensor> other_grads = clones(first_grads);  // the same values in new memory
-
-  UpdateTableCache cache;
-  const void* first_copy = nullptr;  // the device copy of the first step's tables
-  for (int s = 0; s < 4; ++s) {
-    SCOPED_TRACE("step " + std::to_string(s));
-    const std::vector<Tensor>& grads = s == 2 ? other_grads : first_grads;
-    UpdateTensors cached = lists(params, grads, {m, v}, steps);
-    cached.masters = masters;
-    cached.table_cache = &cache;
-    UpdateTensors plain = lists(twins, grads, {twin_m, twin_v}, twin_steps);
-    plain.masters = twin_masters;
-    kernels::adamw_step(cached, h);
-    kernels::adamw_step(plain, h);
-    expect_parity(params, to_cpu(twins), 0.0, "parameter");
-    expect_parity(masters, to_cpu(twin_masters), 0.0, "master");
-    expect_parity(m, to_cpu(twin_m), 0.0, "exp_avg");
-    expect_parity(v, to_cpu(twin_v), 0.0, "exp_avg_sq");
-    expect_parity(steps, to_cpu(twin_steps), 0.0, "step count");
-    ASSERT_FALSE(cache.entries.empty());
-    const void* front = cache.entries.front().device_copy.data_ptr();
-    if (s == 0) first_copy = front;
-    EXPECT_EQ(cache.entries.size(), s < 2 ? 1u : 2u);
-    if (s == 2) {
-      EXPECT_NE(front, first_copy);  // other gradients: other tables
-    } else {
-      EXPECT_EQ(front, first_copy);  // the first step's upload, read again
-    }
-  }
-}
-
 // GradScaler's check: a gradient list with one inf (and one with a NaN) sets the flag on the
 // GPU as on the CPU; unscaling multiplies in place.
 TEST(OptimCuda, NonFiniteCheckAndUnscaleMatchesCpu) {
