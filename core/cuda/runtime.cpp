@@ -53,7 +53,6 @@ int device_count() {
 bool is_available() { return device_count() > 0; }
 
 int64_t l2_cache_bytes(int device) {
-  constexpr int kMaxDevices = 64;
   static std::atomic<int64_t> bytes[kMaxDevices];  // per device: 0 not asked yet
   if (device < 0 || device >= kMaxDevices) return 0;
   if (bytes[device] == 0) {
@@ -168,7 +167,6 @@ bool dependent_launch_enabled(int device) {
     const char* v = std::getenv("TANDEM_DEPENDENT_LAUNCH");
     return v == nullptr || std::string(v) != "0";
   }();
-  constexpr int kMaxDevices = 64;
   static std::atomic<int> capable[kMaxDevices];  // per device: 0 not asked yet, 1 yes, 2 no
   if (!allowed || device < 0 || device >= kMaxDevices) return false;
   if (capable[device] == 0) {
