@@ -40,16 +40,18 @@ bool stream_capturing(cudaStream_t stream) {
 // `flush` (L2-sized bytes) was overwritten, so that the operands come from memory as in a step
 // (back to back, a product whose operands fit in L2 timed faster than it runs there). Negative when
 // cuBLASLt refuses to run it.
-double time_algorithm(const Launch& launch, const cublasLtMatmulAlgo_t& algo, cudaStream_t stream,
-                      const Tensor& flush) {
+double time_algorithm(const Launch& launch, const cublasLtMatmulAlgo_t& algo, const Tensor& workspace,
+                      cudaStream_t stream, const Tensor& flush) {
   constexpr int kRuns = 7;
-  if (launch(algo) != CUBLAS_STATUS_SUCCESS) return -1;
+  void* ws = workspace.data_ptr();
+  const size_t ws_bytes = static_cast<size_t>(workspace.numel());
+  if (launch(algo, ws, ws_bytes) != CUBLAS_STATUS_SUCCESS) return -1;
   std::vector<Event> start(kRuns), stop(kRuns);
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
   for (int r = 0; r < kRuns && status == CUBLAS_STATUS_SUCCESS; ++r) {
     TANDEM_CUDA_CHECK(cudaMemsetAsync(flush.data_ptr(), r, static_cast<size_t>(flush.numel()), stream));
     start[r].record_on(stream);
-    status = launch(algo);
+    status = launch(algo, ws, ws_bytes);
     stop[r].record_on(stream);
   }
   if (status != CUBLAS_STATUS_SUCCESS) return -1;
@@ -84,10 +86,11 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
   const bool tune = wanted && !are_deterministic_algorithms_enabled() && !stream_capturing(stream);
   cublasLtMatmulPreference_t pref = nullptr;
   TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  size_t workspace = kWorkspaceBytes;
+  size_t max_workspace = kWorkspaceBytes;
   uint32_t al_a = static_cast<uint32_t>(alignments.a), al_b = static_cast<uint32_t>(alignments.b),
            al_d = static_cast<uint32_t>(alignments.d);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
+                                       sizeof max_workspace);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d);
@@ -101,12 +104,16 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
   h.found = h.status == CUBLAS_STATUS_SUCCESS && found > 0;
   if (!h.found) return h;
   h.algo = results[0].algo;
+  h.workspace_bytes = results[0].workspaceSize;
   if (!tune || found == 1) return h;
-  // The one allocation the timing needs. Where memory is too short for it, the heuristic's first,
+  // The allocations the timing needs. Where memory is too short for them, the heuristic's first,
   // untimed, rather than failing the product.
-  Tensor flush;  // (bytes,)
+  Tensor flush;      // (2 x L2 bytes,)
+  Tensor workspace;  // (kWorkspaceBytes,) what any candidate may use
   try {
-    flush = empty({2 * l2_cache_bytes(device)}, TensorOptions(DType::u8, Device(DeviceType::cuda, device)));
+    const TensorOptions bytes(DType::u8, Device(DeviceType::cuda, device));
+    flush = empty({2 * l2_cache_bytes(device)}, bytes);
+    workspace = empty({static_cast<int64_t>(kWorkspaceBytes)}, bytes);
   } catch (const OutOfMemoryError&) {
     return h;
   }
@@ -116,7 +123,7 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
   double best_ms = 0;
   std::string times;
   for (int i = 0; i < found; ++i) {
-    const double ms = time_algorithm(launch, results[i].algo, stream, flush);
+    const double ms = time_algorithm(launch, results[i].algo, workspace, stream, flush);
     times += detail::concat(i == 0 ? "" : ", ", ms < 0 ? std::string("refused") : detail::concat(ms * 1e3, " us"));
     if (ms >= 0 && (best < 0 || ms < 0.98 * best_ms)) {
       best = i;
@@ -127,11 +134,18 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
     return h;
   }
   h.algo = results[best].algo;
+  h.workspace_bytes = results[best].workspaceSize;
   if (log_choices()) {
-    std::fprintf(stderr, "[tandem matmul] %s: heuristic #%d of %d, %s (%s)\n", what.c_str(), best, found,
-                 describe(results[best].algo).c_str(), times.c_str());
+    std::fprintf(stderr, "[tandem matmul] %s: heuristic #%d of %d, %s, workspace %zu B (%s)\n", what.c_str(), best,
+                 found, describe(results[best].algo).c_str(), h.workspace_bytes, times.c_str());
   }
   return h;
+}
+
+cublasStatus_t launch_with_workspace(const Heuristic& h, const Launch& launch, Device device) {
+  if (h.workspace_bytes == 0) return launch(h.algo, nullptr, 0);
+  Tensor workspace = empty({static_cast<int64_t>(h.workspace_bytes)}, TensorOptions(DType::u8, device));  // (bytes,)
+  return launch(h.algo, workspace.data_ptr(), h.workspace_bytes);
 }
 
 }  // namespace lt

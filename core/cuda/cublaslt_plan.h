@@ -3,7 +3,7 @@
 // first result, limited by the workspace and the operands' alignments; for the products that
 // set_matmul_tuning times, the fastest of its first kTunedCandidates, timed on the problem's own
 // operands) and a cache of its answers per problem, so each shape, layout and alignment is asked
-// about once.
+// about once. Each product then gets the workspace its algorithm needs, not kWorkspaceBytes.
 #include <functional>
 #include <map>
 #include <mutex>
@@ -23,11 +23,12 @@ struct Heuristic {
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
   bool found = false;
   cublasLtMatmulAlgo_t algo{};
+  size_t workspace_bytes = 0;  // what algo needs (cuBLASLt's answer), at most kWorkspaceBytes
 };
 
-// Runs the problem once with the given algorithm on the current stream (beta 0, so running it
-// again writes the same outputs).
-using Launch = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>;
+// Runs the problem once with the given algorithm and workspace on the current stream (beta 0, so
+// running it again writes the same outputs).
+using Launch = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&, void* workspace, size_t workspace_bytes)>;
 
 constexpr int kTunedCandidates = 8;
 
@@ -38,6 +39,11 @@ constexpr int kTunedCandidates = 8;
 // TANDEM_MATMUL_LOG's lines.
 Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
                           const Alignments& alignments, double flops, const Launch& launch, const std::string& what);
+
+// Runs the problem with h's algorithm and a workspace of the size it needs, taken from the caching
+// allocator for this call (none when it needs none). A fixed kWorkspaceBytes would add 32 MiB to
+// the peak memory of any step whose peak falls on a product, for algorithms that mostly use none.
+cublasStatus_t launch_with_workspace(const Heuristic& h, const Launch& launch, Device device);
 
 // Heuristic answers per problem key; thread-safe.
 template <typename Key>

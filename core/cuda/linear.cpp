@@ -97,11 +97,10 @@ bool run(const Problem& p) {
               align_aux};
   NvtxRange range("linear");
   DeviceGuard guard(device);
-  Tensor workspace = empty({static_cast<int64_t>(kWorkspaceBytes)}, TensorOptions(DType::u8, p.device));
   const float alpha = 1.0f, beta = 0.0f;
-  auto launch = [&](const cublasLtMatmulAlgo_t& algo) {
+  auto launch = [&](const cublasLtMatmulAlgo_t& algo, void* workspace, size_t workspace_bytes) {
     return cublasLtMatmul(handle(device), desc.get(), &alpha, p.a, layout_a.get(), p.b, layout_b.get(), &beta, p.d,
-                          layout_d.get(), p.d, layout_d.get(), &algo, workspace.data_ptr(), kWorkspaceBytes,
+                          layout_d.get(), p.d, layout_d.get(), &algo, workspace, workspace_bytes,
                           current_stream(device));
   };
   // No algorithm (an epilogue this library version cannot fuse for the problem) is not an error:
@@ -113,7 +112,7 @@ bool run(const Problem& p) {
                                           ", epilogue ", static_cast<int>(p.epilogue)));
   });
   if (!h.found) return false;
-  cublasStatus_t status = launch(h.algo);
+  cublasStatus_t status = launch_with_workspace(h, launch, p.device);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused before launching: remember, and compose instead
     plans().mark_unusable(key);
     return false;

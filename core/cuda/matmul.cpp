@@ -70,15 +70,14 @@ void matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   PlanKey key{device, static_cast<int>(a.dtype()), static_cast<int>(t.compute), batch, m, n, k, la.ld, lb.ld,
               la.batch_stride, lb.batch_stride, 0, la.transpose, lb.transpose, align_a, align_b, align_c};
   static PlanCache<PlanKey> plans;
-  Tensor workspace = empty({static_cast<int64_t>(kWorkspaceBytes)}, TensorOptions(DType::u8, out.device()));
   float alpha_f = 1.0f, beta_f = 0.0f;
   double alpha_d = 1.0, beta_d = 0.0;
   const void* alpha = t.scale == CUDA_R_64F ? static_cast<const void*>(&alpha_d) : &alpha_f;
   const void* beta = t.scale == CUDA_R_64F ? static_cast<const void*>(&beta_d) : &beta_f;
-  auto launch = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(handle(device), desc.get(), alpha, b.data_ptr(), layout_b.get(), a.data_ptr(),
-                          layout_a.get(), beta, out.data_ptr(), layout_c.get(), out.data_ptr(), layout_c.get(), &algo,
-                          workspace.data_ptr(), kWorkspaceBytes, stream);
+  auto launch = [&](const cublasLtMatmulAlgo_t& algo, void* workspace, size_t workspace_bytes) {
+    return cublasLtMatmul(handle(device), desc.get(), alpha, b.data_ptr(), layout_b.get(), a.data_ptr(), layout_a.get(),
+                          beta, out.data_ptr(), layout_c.get(), out.data_ptr(), layout_c.get(), &algo, workspace,
+                          workspace_bytes, stream);
   };
   // cuBLASLt's A is our B.
   const Heuristic h = plans.find(key, [&] {
@@ -91,7 +90,7 @@ void matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   TANDEM_CUBLAS_CHECK(h.status);
   TANDEM_CHECK_AS(BackendError, h.found, "matmul: cuBLASLt has no algorithm for ", batch, " x (", m, ", ", k, ") @ (", k,
                   ", ", n, ") in ", a.dtype());
-  TANDEM_CUBLAS_CHECK(launch(h.algo));
+  TANDEM_CUBLAS_CHECK(launch_with_workspace(h, launch, out.device()));
 }
 
 }  // namespace tandem::cuda
