@@ -76,17 +76,15 @@ std::string describe(const cublasLtMatmulAlgo_t& algo) {
   return detail::concat("algo ", id, ", tile ", tile, ", stages ", stages, ", split-K ", split_k, ", cluster ",
                         cluster);
 }
-}  // namespace
 
-Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
-                          const Alignments& alignments, double flops, const Launch& launch, const std::string& what) {
-  const cudaStream_t stream = current_stream(device);
-  const MatmulTuning mode = tuning;
-  const bool wanted = mode == MatmulTuning::all || (mode == MatmulTuning::large && flops >= kTunedMatmulMinFlops);
-  const bool tune = wanted && !are_deterministic_algorithms_enabled() && !stream_capturing(stream);
+// Up to `count` of the heuristic's answers for the problem with at most `max_workspace` bytes of
+// workspace, best first; `status` is the query's.
+std::vector<cublasLtMatmulHeuristicResult_t> ask_heuristic(int device, const MatmulDesc& desc, const Layout& a,
+                                                           const Layout& b, const Layout& d,
+                                                           const Alignments& alignments, size_t max_workspace,
+                                                           int count, cublasStatus_t* status) {
   cublasLtMatmulPreference_t pref = nullptr;
   TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  size_t max_workspace = kWorkspaceBytes;
   uint32_t al_a = static_cast<uint32_t>(alignments.a), al_b = static_cast<uint32_t>(alignments.b),
            al_d = static_cast<uint32_t>(alignments.d);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
@@ -95,17 +93,51 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d);
-  cublasLtMatmulHeuristicResult_t results[kTunedCandidates] = {};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));  // (count,)
   int found = 0;
-  Heuristic h;
-  h.status = cublasLtMatmulAlgoGetHeuristic(handle(device), desc.get(), a.get(), b.get(), d.get(), d.get(), pref,
-                                            tune ? kTunedCandidates : 1, results, &found);
+  *status = cublasLtMatmulAlgoGetHeuristic(handle(device), desc.get(), a.get(), b.get(), d.get(), d.get(), pref, count,
+                                           results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  h.found = h.status == CUBLAS_STATUS_SUCCESS && found > 0;
+  results.resize(*status == CUBLAS_STATUS_SUCCESS ? static_cast<size_t>(found) : 0);
+  return results;
+}
+
+bool same_algorithm(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
+  return std::memcmp(&x, &y, sizeof x) == 0;
+}
+}  // namespace
+
+Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
+                          const Alignments& alignments, double flops, const Launch& launch, const std::string& what) {
+  const cudaStream_t stream = current_stream(device);
+  const MatmulTuning mode = tuning;
+  const bool wanted = mode == MatmulTuning::all || (mode == MatmulTuning::large && flops >= kTunedMatmulMinFlops);
+  const bool tune = wanted && !are_deterministic_algorithms_enabled() && !stream_capturing(stream);
+  Heuristic h;
+  const std::vector<cublasLtMatmulHeuristicResult_t> any_workspace =
+      ask_heuristic(device, desc, a, b, d, alignments, kWorkspaceBytes, tune ? kTunedCandidates : 1, &h.status);
+  h.found = !any_workspace.empty();
   if (!h.found) return h;
-  h.algo = results[0].algo;
-  h.workspace_bytes = results[0].workspaceSize;
-  if (!tune || found == 1) return h;
+  h.algo = any_workspace[0].algo;
+  h.workspace_bytes = any_workspace[0].workspaceSize;
+  if (!tune) return h;
+  // The candidates: the heuristic's best without a workspace first, then those that need one.
+  // Many of cuBLASLt's Hopper kernels come in two variants, one of which keeps a 4-byte counter in
+  // the workspace and clears it with a memset before each run; on an H200 the other ran as fast,
+  // and eagerly the memset and the launch gaps around it cost about 2.5 us a product.
+  cublasStatus_t status_none = CUBLAS_STATUS_SUCCESS;
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates = ask_heuristic(
+      device, desc, a, b, d, alignments, 0, kTunedCandidates, &status_none);  // (up to 2 x kTunedCandidates,)
+  for (const auto& r : any_workspace) {
+    bool seen = false;
+    for (const auto& c : candidates) seen = seen || same_algorithm(c.algo, r.algo);
+    if (!seen) candidates.push_back(r);
+  }
+  if (candidates.size() == 1) {
+    h.algo = candidates[0].algo;
+    h.workspace_bytes = candidates[0].workspaceSize;
+    return h;
+  }
   // The allocations the timing needs. Where memory is too short for them, the heuristic's first,
   // untimed, rather than failing the product.
   Tensor flush;      // (2 x L2 bytes,)
@@ -118,26 +150,32 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
     return h;
   }
   // A later candidate replaces the best so far only when it is at least 2% faster: near ties keep
-  // the heuristic's order, so that timing noise changes the choice less often.
+  // the order above, so that timing noise changes the choice less often. A candidate that needs a
+  // workspace is charged kWorkspaceChargeMs, the eager cost of its memset that these event timings
+  // do not show.
+  constexpr double kWorkspaceChargeMs = 2.5e-3;
   int best = -1;
   double best_ms = 0;
   std::string times;
-  for (int i = 0; i < found; ++i) {
-    const double ms = time_algorithm(launch, results[i].algo, workspace, stream, flush);
-    times += detail::concat(i == 0 ? "" : ", ", ms < 0 ? std::string("refused") : detail::concat(ms * 1e3, " us"));
-    if (ms >= 0 && (best < 0 || ms < 0.98 * best_ms)) {
-      best = i;
-      best_ms = ms;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const double ms = time_algorithm(launch, candidates[i].algo, workspace, stream, flush);
+    const bool needs_workspace = candidates[i].workspaceSize > 0;
+    times += detail::concat(i == 0 ? "" : ", ", ms < 0 ? std::string("refused") : detail::concat(ms * 1e3, " us"),
+                            needs_workspace ? " (workspace)" : "");
+    const double charged = ms + (needs_workspace ? kWorkspaceChargeMs : 0.0);
+    if (ms >= 0 && (best < 0 || charged < 0.98 * best_ms)) {
+      best = static_cast<int>(i);
+      best_ms = charged;
     }
   }
   if (best < 0) {  // none ran: the first, whose own call reports why
     return h;
   }
-  h.algo = results[best].algo;
-  h.workspace_bytes = results[best].workspaceSize;
+  h.algo = candidates[best].algo;
+  h.workspace_bytes = candidates[best].workspaceSize;
   if (log_choices()) {
-    std::fprintf(stderr, "[tandem matmul] %s: heuristic #%d of %d, %s, workspace %zu B (%s)\n", what.c_str(), best,
-                 found, describe(results[best].algo).c_str(), h.workspace_bytes, times.c_str());
+    std::fprintf(stderr, "[tandem matmul] %s: candidate #%d of %zu, %s, workspace %zu B (%s)\n", what.c_str(), best,
+                 candidates.size(), describe(candidates[best].algo).c_str(), h.workspace_bytes, times.c_str());
   }
   return h;
 }

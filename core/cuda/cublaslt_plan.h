@@ -1,9 +1,10 @@
 #pragma once
 // cuBLASLt's algorithm choice, shared by matmul.cpp and linear.cpp: one heuristic query (cuBLASLt's
 // first result, limited by the workspace and the operands' alignments; for the products that
-// set_matmul_tuning times, the fastest of its first kTunedCandidates, timed on the problem's own
-// operands) and a cache of its answers per problem, so each shape, layout and alignment is asked
-// about once. Each product then gets the workspace its algorithm needs, not kWorkspaceBytes.
+// set_matmul_tuning times, the fastest of its first kTunedCandidates without a workspace and of
+// its first kTunedCandidates with one, timed on the problem's own operands) and a cache of its
+// answers per problem, so each shape, layout and alignment is asked about once. Each product then
+// gets the workspace its algorithm needs, not kWorkspaceBytes.
 #include <functional>
 #include <map>
 #include <mutex>
@@ -32,10 +33,11 @@ using Launch = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&, void* w
 
 constexpr int kTunedCandidates = 8;
 
-// The algorithm for D = op(A) @ op(B) (C = D in place) as desc and the layouts describe, with
-// kWorkspaceBytes of workspace: cuBLASLt's first, or where set_matmul_tuning times a product of
-// `flops` (2 x batch x m x n x k; outside deterministic mode and graph capture) the fastest of its
-// first kTunedCandidates, each run through `launch`. `what` names the problem in
+// The algorithm for D = op(A) @ op(B) (C = D in place) as desc and the layouts describe, with at
+// most kWorkspaceBytes of workspace: cuBLASLt's first, or where set_matmul_tuning times a product
+// of `flops` (2 x batch x m x n x k; outside deterministic mode and graph capture) the fastest of
+// the candidates (those without a workspace first; one that needs a workspace is charged for the
+// memset cuBLASLt issues before it), each run through `launch`. `what` names the problem in
 // TANDEM_MATMUL_LOG's lines.
 Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
                           const Alignments& alignments, double flops, const Launch& launch, const std::string& what);

@@ -1,7 +1,8 @@
-// Timed algorithm choice for cuBLASLt (cuda::set_matmul_tuning): products whose algorithm was
-// chosen by timing still match the CPU in f64, on fresh random inputs, and a problem keeps its
-// choice (the same bits on a second call). The shapes are this file's own, so that no earlier test
-// of the process has already fixed their algorithm.
+// cuBLASLt's algorithm choice. Timed (cuda::set_matmul_tuning; the candidates include those that
+// need no workspace): products whose algorithm was chosen by timing still match the CPU in f64, on
+// fresh random inputs, and a problem keeps its choice (the same bits on a second call). The shapes
+// are this file's own, so that no earlier test of the process has already fixed their algorithm.
+// Each product holds only the workspace its algorithm needs, not a fixed 32 MiB.
 #include "support/test_util.h"
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/determinism.h"
@@ -68,6 +69,30 @@ TEST(MatmulAutotune, TimedChoicesMatchTheCpuAndStay) {
     Tensor got = on_cpu(matmul(on_gpu(a, dtype), on_gpu(b, dtype)));
     EXPECT_TRUE(testing::all_close(got, want, tol, tol)) << "matmul";
     EXPECT_TRUE(testing::all_close(on_cpu(matmul(on_gpu(a, dtype), on_gpu(b, dtype))), got, 0, 0)) << "matmul again";
+  }
+}
+
+TEST(MatmulWorkspace, AProductHoldsOnlyTheWorkspaceItsAlgorithmNeeds) {
+  TANDEM_REQUIRE_CUDA();
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor a = on_gpu(rounded({2, 192, 136}, -1.0, 1.0, dtype), dtype);  // (2, 192, 136)
+    Tensor b = on_gpu(rounded({2, 136, 200}, -1.0, 1.0, dtype), dtype);  // (2, 136, 200)
+    Tensor x = on_gpu(rounded({160, 96}, -1.0, 1.0, dtype), dtype);      // (160, 96)
+    Tensor w = on_gpu(rounded({120, 96}, -0.2, 0.2, dtype), dtype);      // (120, 96)
+    Tensor bias = on_gpu(rounded({120}, -0.5, 0.5, dtype), dtype);       // (120,)
+    matmul(a, b);  // the first calls ask cuBLASLt; the second only run
+    linear(x, w, bias, Activation::gelu_tanh);
+    cuda::synchronize();
+    const size_t base = cuda::memory_allocated();
+    cuda::reset_peak_memory_stats();
+    Tensor product = matmul(a, b);
+    Tensor layer = linear(x, w, bias, Activation::gelu_tanh);
+    cuda::synchronize();
+    const size_t outputs = cuda::memory_allocated() - base;  // the results (and GELU's pre-activation)
+    // A few bytes for the algorithms that keep a counter there, and none for most; a split-K
+    // algorithm's partial sums of these small products would stay well under 1 MiB.
+    EXPECT_LT(cuda::max_memory_allocated() - base, outputs + (1u << 20));
   }
 }
 
