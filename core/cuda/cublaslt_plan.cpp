@@ -121,13 +121,15 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
   h.algo = any_workspace[0].algo;
   h.workspace_bytes = any_workspace[0].workspaceSize;
   if (!tune) return h;
-  // The candidates: the heuristic's best without a workspace first, then those that need one.
-  // Many of cuBLASLt's Hopper kernels come in two variants, one of which keeps a 4-byte counter in
-  // the workspace and clears it with a memset before each run; on an H200 the other ran as fast,
-  // and eagerly the memset and the launch gaps around it cost about 2.5 us a product.
-  cublasStatus_t status_none = CUBLAS_STATUS_SUCCESS;
-  std::vector<cublasLtMatmulHeuristicResult_t> candidates = ask_heuristic(
-      device, desc, a, b, d, alignments, 0, kTunedCandidates, &status_none);  // (up to 2 x kTunedCandidates,)
+  // The candidates: the heuristic's best without a workspace first, then the answers above that
+  // are not among them. Many of cuBLASLt's Hopper kernels come in two variants, one of which keeps
+  // a 4-byte counter in the workspace and clears it with a memset before each run; on an H200 the
+  // other ran as fast, and eagerly the memset and the launch gaps around it cost about 2.6 us a
+  // product. A failed workspace-free query leaves the answers above alone.
+  cublasStatus_t workspace_free_status = CUBLAS_STATUS_SUCCESS;
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates =
+      ask_heuristic(device, desc, a, b, d, alignments, 0, kTunedCandidates,
+                    &workspace_free_status);  // (up to 2 x kTunedCandidates,)
   for (const auto& r : any_workspace) {
     bool seen = false;
     for (const auto& c : candidates) seen = seen || same_algorithm(c.algo, r.algo);
