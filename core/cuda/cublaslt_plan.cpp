@@ -151,25 +151,16 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
   } catch (const OutOfMemoryError&) {
     return h;
   }
-  // A later candidate replaces the best so far only when it is at least 2% faster: near ties keep
-  // the order above, so that timing noise changes the choice less often. A candidate that needs a
-  // workspace is charged kWorkspaceChargeMs, the eager cost of its memset that these event timings
-  // do not show.
-  constexpr double kWorkspaceChargeMs = 2.5e-3;
-  int best = -1;
-  double best_ms = 0;
+  std::vector<TimedCandidate> timed;  // (candidates,)
   std::string times;
   for (size_t i = 0; i < candidates.size(); ++i) {
-    const double ms = time_algorithm(launch, candidates[i].algo, workspace, stream, flush);
-    const bool needs_workspace = candidates[i].workspaceSize > 0;
-    times += detail::concat(i == 0 ? "" : ", ", ms < 0 ? std::string("refused") : detail::concat(ms * 1e3, " us"),
-                            needs_workspace ? " (workspace)" : "");
-    const double charged = ms + (needs_workspace ? kWorkspaceChargeMs : 0.0);
-    if (ms >= 0 && (best < 0 || charged < 0.98 * best_ms)) {
-      best = static_cast<int>(i);
-      best_ms = charged;
-    }
+    timed.push_back(
+        {time_algorithm(launch, candidates[i].algo, workspace, stream, flush), candidates[i].workspaceSize});
+    times += detail::concat(i == 0 ? "" : ", ",
+                            timed[i].ms < 0 ? std::string("refused") : detail::concat(timed[i].ms * 1e3, " us"),
+                            timed[i].workspace_bytes > 0 ? " (workspace)" : "");
   }
+  const int best = choose_timed_candidate(timed);
   if (best < 0) {  // none ran: the first, whose own call reports why
     return h;
   }
@@ -180,6 +171,20 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
                  candidates.size(), describe(candidates[best].algo).c_str(), h.workspace_bytes, times.c_str());
   }
   return h;
+}
+
+int choose_timed_candidate(const std::vector<TimedCandidate>& candidates) {
+  int best = -1;
+  double best_ms = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].ms < 0) continue;
+    const double charged = candidates[i].ms + (candidates[i].workspace_bytes > 0 ? kWorkspaceChargeMs : 0.0);
+    if (best < 0 || charged < 0.98 * best_ms) {
+      best = static_cast<int>(i);
+      best_ms = charged;
+    }
+  }
+  return best;
 }
 
 cublasStatus_t launch_with_workspace(const Heuristic& h, const Launch& launch, Device device) {

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "tandem/core/cuda/cublaslt.h"
 
@@ -41,6 +42,23 @@ constexpr int kTunedCandidates = 8;
 // TANDEM_MATMUL_LOG's lines.
 Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
                           const Alignments& alignments, double flops, const Launch& launch, const std::string& what);
+
+// A candidate that needs a workspace is charged this on top of its timed median: the eager cost of
+// the memset cuBLASLt issues before it (about 2.6 us on an H200 with the launch gaps around it),
+// which event timings of the product do not show.
+constexpr double kWorkspaceChargeMs = 2.5e-3;
+
+// One timed candidate: its median ms (negative where cuBLASLt refused to run it) and the
+// workspace it needs.
+struct TimedCandidate {
+  double ms;
+  size_t workspace_bytes;
+};
+
+// The index of the candidate to keep, or -1 when none ran: going in order, a candidate replaces the
+// best so far only when, with kWorkspaceChargeMs added where it needs a workspace, it is at least
+// 2% faster (near ties keep the order, so that timing noise changes the choice less often).
+int choose_timed_candidate(const std::vector<TimedCandidate>& candidates);
 
 // Runs the problem with h's algorithm and a workspace of the size it needs, taken from the caching
 // allocator for this call (none when it needs none). A fixed kWorkspaceBytes would add 32 MiB to
