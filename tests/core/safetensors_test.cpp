@@ -20,26 +20,8 @@
 namespace tandem {
 namespace {
 
+using testing::ScratchDirectory;
 using testing::throws_with;
-
-// A fresh directory under the test temp dir, removed with its files at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "tandem_safetensors_XXXXXX";
-    TANDEM_CHECK(::mkdtemp(pattern.data()) != nullptr, "mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -97,7 +79,7 @@ const DType kAllDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
                             DType::i32, DType::i64, DType::u8,  DType::boolean};
 
 TEST(Safetensors, RoundTripsEveryDTypeAndShape) {
-  TempDir dir;
+  ScratchDirectory dir;
   manual_seed(testing::next_seed());
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (DType d : kAllDTypes) {
@@ -126,7 +108,7 @@ TEST(Safetensors, RoundTripsEveryDTypeAndShape) {
 }
 
 TEST(Safetensors, SavesNonContiguousTensorsByValue) {
-  TempDir dir;
+  ScratchDirectory dir;
   Tensor base = testing::random_tensor({4, 6}, DType::f32);
   Tensor transposed = views::transpose(base, 0, 1);                         // (6, 4), strides (1, 6)
   Tensor narrowed = views::narrow(base, 1, 2, 3);                           // (4, 3), offset 2
@@ -144,7 +126,7 @@ TEST(Safetensors, SavesNonContiguousTensorsByValue) {
 
 TEST(Safetensors, SavesGpuTensors) {
   TANDEM_REQUIRE_CUDA();
-  TempDir dir;
+  ScratchDirectory dir;
   Tensor cpu = testing::random_tensor({8, 5}, DType::f32);
   Tensor gpu = views::transpose(kernels::to_device(cpu, Device("cuda")), 0, 1);  // (5, 8), non-contiguous
   std::string path = dir.file("gpu.safetensors");
@@ -156,7 +138,7 @@ TEST(Safetensors, SavesGpuTensors) {
 }
 
 TEST(Safetensors, KeepsMetadata) {
-  TempDir dir;
+  ScratchDirectory dir;
   std::string path = dir.file("meta.safetensors");
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"step", "1200"}, {"note", "quotes \" and \\ and ü"}};
   save_safetensors(path, {{"x", ones({2})}}, meta);
@@ -298,7 +280,7 @@ std::vector<Malformed> malformed_files() {
 }
 
 TEST(Safetensors, RejectsMalformedFilesWithAClearMessage) {
-  TempDir dir;
+  ScratchDirectory dir;
   for (const Malformed& m : malformed_files()) {
     SCOPED_TRACE(m.what);
     std::string path = dir.file("bad.safetensors");
@@ -314,7 +296,7 @@ TEST(Safetensors, RejectsMalformedFilesWithAClearMessage) {
 }
 
 TEST(Safetensors, RejectsBadArguments) {
-  TempDir dir;
+  ScratchDirectory dir;
   std::string path = dir.file("x.safetensors");
   EXPECT_TRUE(throws_with<ValueError>(
       [&] {
@@ -342,7 +324,7 @@ TEST(Safetensors, RejectsBadArguments) {
 }
 
 TEST(Safetensors, ReplacesAFileAtomically) {
-  TempDir dir;
+  ScratchDirectory dir;
   std::string path = dir.file("model.safetensors");
   save_safetensors(path, {{"w", full({4}, 1.0)}});
   std::string old_bytes = read_bytes(path);
@@ -353,7 +335,7 @@ TEST(Safetensors, ReplacesAFileAtomically) {
 }
 
 TEST(Safetensors, AFailedWriteLeavesTheOldFileIntact) {
-  TempDir dir;
+  ScratchDirectory dir;
   std::string path = dir.file("model.safetensors");
   save_safetensors(path, {{"w", full({4}, 1.0)}});
   std::string old_bytes = read_bytes(path);
@@ -395,7 +377,7 @@ TEST(Safetensors, AFailedWriteLeavesTheOldFileIntact) {
 
 TEST(Safetensors, AnUnwritableDirectoryLeavesTheOldFileIntact) {
   if (::geteuid() == 0) GTEST_SKIP() << "running as root, which may write anywhere";
-  TempDir dir;
+  ScratchDirectory dir;
   std::string path = dir.file("model.safetensors");
   save_safetensors(path, {{"w", full({4}, 1.0)}});
   std::string old_bytes = read_bytes(path);

@@ -14,25 +14,8 @@
 namespace tandem::data {
 namespace {
 
+using testing::ScratchDirectory;
 using testing::throws_with;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "tandem_idx_XXXXXX";
-    TANDEM_CHECK(::mkdtemp(pattern.data()) != nullptr, "mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // Sets an environment variable for the scope of a test.
 class ScopedEnv {
@@ -92,7 +75,7 @@ std::string random_bytes(size_t n) {
 }
 
 TEST(Idx, RoundTripsU8PlainAndGzip) {
-  TempDir dir;
+  ScratchDirectory dir;
   manual_seed(testing::next_seed());
   std::string data = random_bytes(3 * 4 * 5);
   std::string bytes = idx_bytes(0x08, {3, 4, 5}, data);
@@ -109,7 +92,7 @@ TEST(Idx, RoundTripsU8PlainAndGzip) {
 }
 
 TEST(Idx, ReadsConcatenatedGzipMembersAsOneStream) {
-  TempDir dir;
+  ScratchDirectory dir;
   std::string bytes = idx_bytes(0x08, {6}, "abcdef");
   write_gz(dir.file("a.gz"), bytes.substr(0, 7));
   write_gz(dir.file("b.gz"), bytes.substr(7));
@@ -138,7 +121,7 @@ TEST(Idx, ConvertsOtherElementTypes) {
 }
 
 TEST(Idx, RejectsMalformedFilesNamingTheFileAndSizes) {
-  TempDir dir;
+  ScratchDirectory dir;
   std::string data = random_bytes(60);
   struct Case {
     const char* what;
@@ -188,7 +171,7 @@ TEST(Idx, RejectsMalformedFilesNamingTheFileAndSizes) {
 }
 
 TEST(Idx, RejectsBrokenGzip) {
-  TempDir dir;
+  ScratchDirectory dir;
   std::string bytes = idx_bytes(0x08, {2000}, random_bytes(2000));
   write_gz(dir.file("good.gz"), bytes);
   std::string gz = read_file(dir.file("good.gz"));
@@ -230,7 +213,7 @@ void write_fake_fashion_mnist(const std::string& dir, const std::string& prefix,
 }
 
 TEST(FashionMnist, LoadsImagesAsUnitFloatsAndLabelsAsI64) {
-  TempDir dir;
+  ScratchDirectory dir;
   write_fake_fashion_mnist(dir.path(), "train", 7, 7, true);
   write_fake_fashion_mnist(dir.path(), "t10k", 3, 3, false);
   FashionMnist train = load_fashion_mnist(dir.path(), true);
@@ -250,7 +233,7 @@ TEST(FashionMnist, LoadsImagesAsUnitFloatsAndLabelsAsI64) {
 }
 
 TEST(FashionMnist, ChecksTheFilesAgree) {
-  TempDir dir;
+  ScratchDirectory dir;
   write_fake_fashion_mnist(dir.path(), "train", 4, 5, false);
   EXPECT_TRUE(
       throws_with<ValueError>([&] { load_fashion_mnist(dir.path(), true); }, {"declares 4 images but", "declares 5 labels"}));
@@ -269,7 +252,7 @@ TEST(FashionMnist, ChecksTheFilesAgree) {
 // A gzip file whose header declares far more images than the labels file has labels fails on the
 // headers, before its data is decompressed (which would fail later, after allocating for it).
 TEST(FashionMnist, ComparesHeaderCountsBeforeDecompressing) {
-  TempDir dir;
+  ScratchDirectory dir;
   write_gz(dir.file("train-images-idx3-ubyte.gz"), idx_bytes(0x08, {5000000, 28, 28}, std::string(784, '\0')));
   write_gz(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes(0x08, {10}, std::string(10, '\1')));
   EXPECT_TRUE(throws_with<ValueError>([&] { load_fashion_mnist(dir.path(), true); },
@@ -278,7 +261,7 @@ TEST(FashionMnist, ComparesHeaderCountsBeforeDecompressing) {
 }
 
 TEST(FashionMnist, SaysWhatIsThereInsteadOfAFile) {
-  TempDir dir;
+  ScratchDirectory dir;
   write_fake_fashion_mnist(dir.path(), "t10k", 2, 2, false);
   std::filesystem::create_directory(dir.file("train-images-idx3-ubyte"));
   EXPECT_TRUE(throws_with<ValueError>([&] { load_fashion_mnist(dir.path(), true); },
@@ -292,7 +275,7 @@ TEST(FashionMnist, SaysWhatIsThereInsteadOfAFile) {
 }
 
 TEST(FashionMnist, DefaultDirectoryFollowsTandemDataDir) {
-  TempDir parent;
+  ScratchDirectory parent;
   std::string folder = parent.file("fashion-mnist");
   std::filesystem::create_directory(folder);
   write_fake_fashion_mnist(folder, "t10k", 2, 2, true);
@@ -305,7 +288,7 @@ TEST(FashionMnist, DefaultDirectoryFollowsTandemDataDir) {
     ScopedEnv env("TANDEM_DATA_DIR", folder);  // the folder itself
     EXPECT_EQ(default_fashion_mnist_dir(), folder);
   }
-  TempDir empty;
+  ScratchDirectory empty;
   ScopedEnv env("TANDEM_DATA_DIR", empty.path());
   std::string found;
   try {

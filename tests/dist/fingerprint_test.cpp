@@ -60,7 +60,8 @@ TEST(FlightRecorder, KeepsTheLastEntriesWithTheirStatesAsJson) {
 }
 
 TEST(FlightRecorder, DumpWritesOneFilePerRankAndBackend) {
-  std::string dir = ::testing::TempDir() + "tandem_recorder_" + std::to_string(world().rank);
+  tandem::testing::ScratchDirectory scratch;  // this process's own: other CTest entries run this test at once
+  const std::string dir = scratch.path();
   internal::set_dump_directory(dir);
   internal::FlightRecorder recorder(4);
   Fingerprint f = Fingerprint::make("broadcast", 3, DType::f32, std::nullopt, 0, "buffers");

@@ -3,7 +3,9 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "tandem/core/backend.h"
@@ -102,5 +104,16 @@ Tensor random_transposed_leaf(const Shape& shape) {
 }
 
 bool cuda_available() { return cuda::is_built() && cuda::device_count() > 0; }
+
+ScratchDirectory::ScratchDirectory() {
+  std::string pattern = ::testing::TempDir() + "tandem_XXXXXX";
+  TANDEM_CHECK(::mkdtemp(pattern.data()) != nullptr, "mkdtemp failed for ", pattern);
+  path_ = pattern;
+}
+
+ScratchDirectory::~ScratchDirectory() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
 
 }  // namespace tandem::testing

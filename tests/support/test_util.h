@@ -53,6 +53,22 @@ Tensor random_indices(int64_t count, int64_t low, int64_t high, const Shape& sha
 // True when a CUDA build sees at least one GPU.
 bool cuda_available();
 
+// A fresh directory under the test temp dir, unique to this process and call (mkdtemp), removed
+// with its files at the end of the scope. Tests of one binary run in several processes at once
+// (ranks, and CTest entries of one executable), so a fixed name would be shared between them.
+class ScratchDirectory {
+ public:
+  ScratchDirectory();
+  ~ScratchDirectory();
+  ScratchDirectory(const ScratchDirectory&) = delete;
+  ScratchDirectory& operator=(const ScratchDirectory&) = delete;
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // Runs fn and checks it throws E whose what() contains every one of `parts`.
 template <typename E>
 ::testing::AssertionResult throws_with(const std::function<void()>& fn, const std::vector<std::string>& parts) {
