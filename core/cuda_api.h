@@ -137,6 +137,23 @@ constexpr double kTunedMatmulMinFlops = 8e9;
 void set_matmul_tuning(MatmulTuning tuning);
 MatmulTuning matmul_tuning();
 
+// Which kernels run the bf16/f16 products of linear layers and 2-D matmuls on an sm_90 GPU (H100,
+// H200), in a build with CUTLASS's headers (scripts/install-deps.sh; see cutlass_gemm_built):
+// - automatic (the default): where the product's choice is timed (set_matmul_tuning), tandem's
+//   CUTLASS kernels (core/cuda/gemm_sm90.h, launched with programmatic dependent launch) are timed
+//   beside cuBLASLt's candidates and kept where at least 2% faster; untimed products run on
+//   cuBLASLt.
+// - cublaslt: cuBLASLt only.
+// - cutlass: tandem's CUTLASS kernels wherever they have one for the product (the fastest variant
+//   where timed), cuBLASLt elsewhere (GELU's backward, batched products, f32, unaligned operands).
+// Starts from TANDEM_GEMM=auto|cublaslt|cutlass (read on first use; otherwise automatic). A problem
+// keeps the kernel chosen the first time it met the current setting.
+enum class GemmKernels { automatic, cublaslt, cutlass };
+void set_gemm_kernels(GemmKernels kernels);
+GemmKernels gemm_kernels();
+// Whether this build has tandem's CUTLASS kernels (they run only on sm_90 devices).
+bool cutlass_gemm_built();
+
 // Which kernels run bf16/f16 attention on CUDA: `automatic` takes cuDNN's fused flash attention
 // where tandem was built with cuDNN's frontend and tandem's own flash kernels elsewhere; `flash`
 // and `cudnn` force one (cudnn raises a DeviceError in a build without the frontend). The

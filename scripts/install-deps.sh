@@ -58,3 +58,37 @@ PY
   fi
   rm -rf "$download"
 fi
+
+# CUTLASS's header-only C++ templates, for tandem's sm_90 matrix products with programmatic
+# dependent launch (core/cuda/gemm_sm90.h), for CUDA builds: NVIDIA publishes them on PyPI inside
+# nvidia-cutlass; only their include/ folder is kept, in .deps/cutlass/ where CMake looks first.
+# Without them the build still works and every product runs on cuBLASLt.
+cutlass_version=4.2.0.0
+cutlass_dir="$repo/.deps/cutlass"
+if [ -f "$cutlass_dir/include/cutlass/cutlass.h" ]; then
+  echo "install-deps: CUTLASS headers present"
+elif ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ] && [ -z "${CUDA_HOME:-}" ]; then
+  echo "install-deps: no CUDA toolkit, so no CUTLASS headers needed"
+else
+  download="$(mktemp -d)"
+  if python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$download" \
+       "nvidia-cutlass==$cutlass_version"; then
+    mkdir -p "$cutlass_dir"
+    python3 - "$download"/*.whl "$cutlass_dir" <<'PY'
+import os, sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+prefix = "cutlass_library/source/include/"
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            target = os.path.join(dest, "include", name[len(prefix):])
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with z.open(name) as src, open(target, "wb") as out:
+                out.write(src.read())
+PY
+    echo "install-deps: CUTLASS $cutlass_version headers in .deps/cutlass/include"
+  else
+    echo "install-deps: could not download nvidia-cutlass from PyPI: 16-bit products will run on cuBLASLt only" >&2
+  fi
+  rm -rf "$download"
+fi

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +28,33 @@ bool log_choices() {
 void set_matmul_tuning(MatmulTuning t) { tuning = t; }
 MatmulTuning matmul_tuning() { return tuning; }
 
+namespace {
+// -1: not decided yet (TANDEM_GEMM is read on first use); else a GemmKernels value.
+std::atomic<int> gemm_choice{-1};
+
+GemmKernels parse_gemm_env(const char* value) {
+  if (value == nullptr) return GemmKernels::automatic;
+  std::string v = value;
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (v.empty() || v == "auto" || v == "automatic") return GemmKernels::automatic;
+  if (v == "cublaslt") return GemmKernels::cublaslt;
+  if (v == "cutlass") return GemmKernels::cutlass;
+  TANDEM_THROW(ValueError, "TANDEM_GEMM=", value, ": expected auto, cublaslt or cutlass");
+}
+}  // namespace
+
+void set_gemm_kernels(GemmKernels kernels) { gemm_choice.store(static_cast<int>(kernels)); }
+
+GemmKernels gemm_kernels() {
+  int choice = gemm_choice.load();
+  if (choice < 0) {
+    int expected = -1;  // a concurrent set_gemm_kernels() wins over the environment
+    gemm_choice.compare_exchange_strong(expected, static_cast<int>(parse_gemm_env(std::getenv("TANDEM_GEMM"))));
+    choice = gemm_choice.load();
+  }
+  return static_cast<GemmKernels>(choice);
+}
+
 namespace lt {
 
 namespace {
@@ -36,30 +64,48 @@ bool stream_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// Milliseconds per run of `algo`: the median of kRuns after one untimed run, each run after
+// Milliseconds per run of `run_once`: the median of kRuns after one untimed run, each run after
 // `flush` (L2-sized bytes) was overwritten, so that the operands come from memory as in a step
 // (back to back, a product whose operands fit in L2 timed faster than it runs there). Negative when
-// cuBLASLt refuses to run it.
-double time_algorithm(const Launch& launch, const cublasLtMatmulAlgo_t& algo, const Tensor& workspace,
-                      cudaStream_t stream, const Tensor& flush) {
+// run_once refuses (returns false).
+double time_runs(const std::function<bool()>& run_once, cudaStream_t stream, const Tensor& flush) {
   constexpr int kRuns = 7;
-  void* ws = workspace.data_ptr();
-  const size_t ws_bytes = static_cast<size_t>(workspace.numel());
-  if (launch(algo, ws, ws_bytes) != CUBLAS_STATUS_SUCCESS) return -1;
+  if (!run_once()) return -1;
   std::vector<Event> start(kRuns), stop(kRuns);
-  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-  for (int r = 0; r < kRuns && status == CUBLAS_STATUS_SUCCESS; ++r) {
+  bool ran = true;
+  for (int r = 0; r < kRuns && ran; ++r) {
     TANDEM_CUDA_CHECK(cudaMemsetAsync(flush.data_ptr(), r, static_cast<size_t>(flush.numel()), stream));
     start[r].record_on(stream);
-    status = launch(algo, ws, ws_bytes);
+    ran = run_once();
     stop[r].record_on(stream);
   }
-  if (status != CUBLAS_STATUS_SUCCESS) return -1;
+  if (!ran) return -1;
   stop.back().synchronize();
   std::vector<double> ms;  // (kRuns,)
   for (int r = 0; r < kRuns; ++r) ms.push_back(start[r].elapsed_ms(stop[r]));
   std::nth_element(ms.begin(), ms.begin() + kRuns / 2, ms.end());
   return ms[kRuns / 2];
+}
+
+// time_runs for cuBLASLt's `algo`, with `workspace`.
+double time_algorithm(const Launch& launch, const cublasLtMatmulAlgo_t& algo, const Tensor& workspace,
+                      cudaStream_t stream, const Tensor& flush) {
+  void* ws = workspace.data_ptr();
+  const size_t ws_bytes = static_cast<size_t>(workspace.numel());
+  return time_runs([&] { return launch(algo, ws, ws_bytes) == CUBLAS_STATUS_SUCCESS; }, stream, flush);
+}
+
+// The fastest of gemm_sm90.h's variants for p, timed as above: {variant, ms}, or {-1, -1} where
+// none ran. `times` gets each variant's time for TANDEM_MATMUL_LOG.
+std::pair<int, double> time_sm90(const sm90::Problem& p, int device, cudaStream_t stream, const Tensor& flush,
+                                 std::string* times) {
+  std::pair<int, double> best{-1, -1.0};
+  for (int v = 0; v < sm90::kVariants; ++v) {
+    const double ms = time_runs([&] { return sm90::run(p, v, device, stream); }, stream, flush);
+    *times += detail::concat(v == 0 ? "" : ", ", ms < 0 ? std::string("refused") : detail::concat(ms * 1e3, " us"));
+    if (ms >= 0 && (best.first < 0 || ms < best.second)) best = {v, ms};
+  }
+  return best;
 }
 
 // What an algorithm is, for TANDEM_MATMUL_LOG: its id and the configuration cuBLASLt gave it
@@ -108,37 +154,48 @@ bool same_algorithm(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y
 }  // namespace
 
 Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
-                          const Alignments& alignments, double flops, const Launch& launch, const std::string& what) {
+                          const Alignments& alignments, double flops, const Launch& launch, const std::string& what,
+                          const sm90::Problem* sm90_problem) {
   const cudaStream_t stream = current_stream(device);
   const MatmulTuning mode = tuning;
   const bool wanted = mode == MatmulTuning::all || (mode == MatmulTuning::large && flops >= kTunedMatmulMinFlops);
   const bool tune = wanted && !are_deterministic_algorithms_enabled() && !stream_capturing(stream);
+  const GemmKernels kernels = gemm_kernels();
+  const bool sm90_wanted = sm90_problem != nullptr && kernels != GemmKernels::cublaslt && sm90::available(device) &&
+                           sm90::supported(*sm90_problem);
+  const bool sm90_forced = sm90_wanted && kernels == GemmKernels::cutlass;
   Heuristic h;
   const std::vector<cublasLtMatmulHeuristicResult_t> any_workspace =
       ask_heuristic(device, desc, a, b, d, alignments, kWorkspaceBytes, tune ? kTunedCandidates : 1, &h.status);
   h.found = !any_workspace.empty();
-  if (!h.found) return h;
-  h.algo = any_workspace[0].algo;
-  h.workspace_bytes = any_workspace[0].workspaceSize;
-  if (!tune) return h;
-  // The candidates: the heuristic's best without a workspace first, then the answers above that
-  // are not among them. Many of cuBLASLt's Hopper kernels come in two variants, one of which keeps
-  // a 4-byte counter in the workspace and clears it with a memset before each run; on an H200 the
-  // other ran as fast, and eagerly the memset and the launch gaps around it cost about 2.6 us a
-  // product. A failed workspace-free query leaves the answers above alone.
-  cublasStatus_t workspace_free_status = CUBLAS_STATUS_SUCCESS;
-  std::vector<cublasLtMatmulHeuristicResult_t> candidates =
-      ask_heuristic(device, desc, a, b, d, alignments, 0, kTunedCandidates,
-                    &workspace_free_status);  // (up to 2 x kTunedCandidates,)
-  for (const auto& r : any_workspace) {
-    bool seen = false;
-    for (const auto& c : candidates) seen = seen || same_algorithm(c.algo, r.algo);
-    if (!seen) candidates.push_back(r);
+  if (h.found) {
+    h.algo = any_workspace[0].algo;
+    h.workspace_bytes = any_workspace[0].workspaceSize;
   }
-  if (candidates.size() == 1) {
-    h.algo = candidates[0].algo;
-    h.workspace_bytes = candidates[0].workspaceSize;
+  if (!tune) {
+    if (sm90_forced) h.sm90_variant = sm90::default_variant(*sm90_problem, device);
     return h;
+  }
+  if (!h.found && !sm90_wanted) return h;
+  // cuBLASLt's candidates: the heuristic's best without a workspace first, then the answers above
+  // that are not among them. Many of cuBLASLt's Hopper kernels come in two variants, one of which
+  // keeps a 4-byte counter in the workspace and clears it with a memset before each run; on an
+  // H200 the other ran as fast, and eagerly the memset and the launch gaps around it cost about
+  // 2.6 us a product. A failed workspace-free query leaves the answers above alone.
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates;  // (up to 2 x kTunedCandidates,)
+  if (h.found) {
+    cublasStatus_t workspace_free_status = CUBLAS_STATUS_SUCCESS;
+    candidates = ask_heuristic(device, desc, a, b, d, alignments, 0, kTunedCandidates, &workspace_free_status);
+    for (const auto& r : any_workspace) {
+      bool seen = false;
+      for (const auto& c : candidates) seen = seen || same_algorithm(c.algo, r.algo);
+      if (!seen) candidates.push_back(r);
+    }
+    if (candidates.size() == 1) {
+      h.algo = candidates[0].algo;
+      h.workspace_bytes = candidates[0].workspaceSize;
+      if (!sm90_wanted) return h;  // nothing to compare it with
+    }
   }
   // The allocations the timing needs. Where memory is too short for them, the heuristic's first,
   // untimed, rather than failing the product.
@@ -149,6 +206,7 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
     flush = empty({2 * l2_cache_bytes(device)}, bytes);
     workspace = empty({static_cast<int64_t>(kWorkspaceBytes)}, bytes);
   } catch (const OutOfMemoryError&) {
+    if (sm90_forced) h.sm90_variant = sm90::default_variant(*sm90_problem, device);
     return h;
   }
   std::vector<TimedCandidate> timed;  // (candidates,)
@@ -161,14 +219,33 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
                             timed[i].workspace_bytes > 0 ? " (workspace)" : "");
   }
   const int best = choose_timed_candidate(timed);
-  if (best < 0) {  // none ran: the first, whose own call reports why
-    return h;
+  if (best >= 0) {
+    h.algo = candidates[best].algo;
+    h.workspace_bytes = candidates[best].workspaceSize;
   }
-  h.algo = candidates[best].algo;
-  h.workspace_bytes = candidates[best].workspaceSize;
+  std::string sm90_times;
+  const std::pair<int, double> sm90_best =
+      sm90_wanted ? time_sm90(*sm90_problem, device, stream, flush, &sm90_times) : std::pair<int, double>{-1, -1.0};
+  if (sm90_best.first >= 0) {
+    // cuBLASLt's best as choose_timed_candidate charged it; CUTLASS's replaces it where 2% faster.
+    const double lt_charged =
+        best < 0 ? 0.0 : timed[best].ms + (timed[best].workspace_bytes > 0 ? kWorkspaceChargeMs : 0.0);
+    if (sm90_forced || best < 0 || sm90_best.second < 0.98 * lt_charged) h.sm90_variant = sm90_best.first;
+  } else if (sm90_forced) {
+    h.sm90_variant = sm90::default_variant(*sm90_problem, device);
+  }
   if (log_choices()) {
-    std::fprintf(stderr, "[tandem matmul] %s: candidate #%d of %zu, %s, workspace %zu B (%s)\n", what.c_str(), best,
-                 candidates.size(), describe(candidates[best].algo).c_str(), h.workspace_bytes, times.c_str());
+    const std::string lt_choice =
+        best < 0 ? std::string("none ran")
+                 : detail::concat("candidate #", best, " of ", candidates.size(), ", ", describe(candidates[best].algo),
+                                  ", workspace ", h.workspace_bytes);
+    if (h.sm90_variant >= 0) {
+      std::fprintf(stderr, "[tandem matmul] %s: %s (%s); cuBLASLt's best: %s (%s)\n", what.c_str(),
+                   sm90::variant_name(h.sm90_variant).c_str(), sm90_times.c_str(), lt_choice.c_str(), times.c_str());
+    } else {
+      std::fprintf(stderr, "[tandem matmul] %s: cuBLASLt %s (%s)%s%s\n", what.c_str(), lt_choice.c_str(), times.c_str(),
+                   sm90_wanted ? "; CUTLASS sm90: " : "", sm90_times.c_str());
+    }
   }
   return h;
 }
@@ -185,6 +262,15 @@ int choose_timed_candidate(const std::vector<TimedCandidate>& candidates) {
     }
   }
   return best;
+}
+
+cublasStatus_t run_choice(const Heuristic& h, const Launch& launch, Device device, const sm90::Problem* sm90_problem) {
+  if (h.sm90_variant >= 0 && sm90_problem != nullptr &&
+      sm90::run(*sm90_problem, h.sm90_variant, device.index, current_stream(device.index))) {
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (!h.found) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return launch_with_workspace(h, launch, device);
 }
 
 cublasStatus_t launch_with_workspace(const Heuristic& h, const Launch& launch, Device device) {

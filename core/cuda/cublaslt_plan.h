@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tandem/core/cuda/cublaslt.h"
+#include "tandem/core/cuda/gemm_sm90.h"
 
 namespace tandem::cuda::lt {
 
@@ -26,6 +27,7 @@ struct Heuristic {
   bool found = false;
   cublasLtMatmulAlgo_t algo{};
   size_t workspace_bytes = 0;  // what algo needs (cuBLASLt's answer), at most kWorkspaceBytes
+  int sm90_variant = -1;       // >= 0: gemm_sm90.h's kernel in this variant runs instead of algo
 };
 
 // Runs the problem once with the given algorithm and workspace on the current stream (beta 0, so
@@ -40,8 +42,14 @@ constexpr int kTunedCandidates = 8;
 // the candidates (those without a workspace first; one that needs a workspace is charged for the
 // memset cuBLASLt issues before it), each run through `launch`. `what` names the problem in
 // TANDEM_MATMUL_LOG's lines.
+//
+// `sm90_problem` (or null) is the same problem for gemm_sm90.h. Where cuda::gemm_kernels() allows
+// and the problem has a kernel there, its variants are timed the same way and the fastest replaces
+// cuBLASLt's choice where at least 2% faster (as charged above); untimed, they run only when
+// gemm_kernels() is `cutlass` (in sm90::default_variant).
 Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
-                          const Alignments& alignments, double flops, const Launch& launch, const std::string& what);
+                          const Alignments& alignments, double flops, const Launch& launch, const std::string& what,
+                          const sm90::Problem* sm90_problem = nullptr);
 
 // A candidate that needs a workspace is charged this on top of its timed median: the eager cost of
 // the memset cuBLASLt issues before it (about 2.6 us on an H200 with the launch gaps around it),
@@ -64,6 +72,11 @@ int choose_timed_candidate(const std::vector<TimedCandidate>& candidates);
 // allocator for this call (none when it needs none). A fixed kWorkspaceBytes would add 32 MiB to
 // the peak memory of any step whose peak falls on a product, for algorithms that mostly use none.
 cublasStatus_t launch_with_workspace(const Heuristic& h, const Launch& launch, Device device);
+
+// Runs the problem as h says: gemm_sm90.h's kernel where h chose one (sm90_problem is then the problem),
+// else cuBLASLt's algorithm as launch_with_workspace does. CUBLAS_STATUS_NOT_SUPPORTED where
+// neither has one.
+cublasStatus_t run_choice(const Heuristic& h, const Launch& launch, Device device, const sm90::Problem* sm90_problem);
 
 // Heuristic answers per problem key; thread-safe.
 template <typename Key>

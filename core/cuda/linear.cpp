@@ -16,7 +16,9 @@
 //   (core/cuda/bias_gradient.cu), which beat BGRADB on the weight gradient's matmul as well.
 // Algorithms come from the heuristic (or are timed: cuda::set_matmul_tuning) and are cached per
 // problem; a problem without an algorithm is reported (false) so the caller composes plain kernels
-// instead.
+// instead. On sm_90 the forward (bias and GELU epilogues) and the weight gradient without BGRADB
+// may run on tandem's CUTLASS kernels instead (gemm_sm90.h, cuda::gemm_kernels), which take the
+// row-major operands as they are.
 #include <tuple>
 
 #include "tandem/core/backend.h"
@@ -30,7 +32,7 @@ using namespace lt;
 
 // One cuBLASLt problem D (rows, cols) = op(A) @ op(B), with its epilogue and the alignments the
 // chosen algorithm relies on.
-using PlanKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, int>;
+using PlanKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, int, int>;
 
 // The algorithm per problem, or found false where cuBLASLt has none.
 PlanCache<PlanKey>& plans() {
@@ -53,8 +55,9 @@ struct Problem {
   void* aux;         // GELU pre-activation (rows, cols), ld = rows, or null
 };
 
-// Runs the problem; false when cuBLASLt has no algorithm for it.
-bool run(const Problem& p) {
+// Runs the problem (on gemm_sm90.h's kernel where sm90_problem, the same problem for it, is given and
+// chosen); false when neither has an algorithm for it.
+bool run(const Problem& p, const sm90::Problem* sm90_problem = nullptr) {
   Types t = types_for(p.dtype);
   MatmulDesc desc(t, p.transpose_a, p.transpose_b);
   TANDEM_CUBLAS_CHECK(
@@ -94,7 +97,8 @@ bool run(const Problem& p) {
               align_b,
               align_d,
               align_bias,
-              align_aux};
+              align_aux,
+              static_cast<int>(gemm_kernels())};
   NvtxRange range("linear");
   DeviceGuard guard(device);
   const float alpha = 1.0f, beta = 0.0f;
@@ -109,10 +113,11 @@ bool run(const Problem& p) {
     const double flops = 2.0 * static_cast<double>(p.rows) * static_cast<double>(p.cols) * static_cast<double>(p.k);
     return query_heuristic(device, desc, layout_a, layout_b, layout_d, {align_a, align_b, align_d}, flops, launch,
                            detail::concat("linear ", dtype_name(p.dtype), " D (", p.rows, ", ", p.cols, "), k ", p.k,
-                                          ", epilogue ", static_cast<int>(p.epilogue)));
+                                          ", epilogue ", static_cast<int>(p.epilogue)),
+                           sm90_problem);
   });
-  if (!h.found) return false;
-  cublasStatus_t status = launch_with_workspace(h, launch, p.device);
+  if (!h.found && h.sm90_variant < 0) return false;
+  cublasStatus_t status = run_choice(h, launch, p.device, sm90_problem);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused before launching: remember, and compose instead
     plans().mark_unusable(key);
     return false;
@@ -146,7 +151,20 @@ bool linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
     p.aux = nullptr;
     p.epilogue = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   }
-  return run(p);
+  // The same for gemm_sm90.h: out (M, N) = x (M, K) @ (W (N, K) as stored, transposed), which has
+  // GELU's epilogue only with a bias.
+  sm90::Problem s;
+  s.dtype = x.dtype();
+  s.m = m, s.n = n, s.k = k;
+  s.a = x.data_ptr(), s.lda = k, s.a_transposed = false;
+  s.b = weight.data_ptr(), s.ldb = k, s.b_transposed = true;
+  s.d = out.data_ptr(), s.ldd = n;
+  s.bias = p.bias;
+  s.aux = p.aux;
+  s.epilogue = act == Activation::gelu_tanh ? sm90::Epilogue::bias_gelu_aux
+                                            : (bias.defined() ? sm90::Epilogue::bias : sm90::Epilogue::none);
+  const bool sm90_has_it = act != Activation::gelu_tanh || bias.defined();
+  return run(p, sm90_has_it ? &s : nullptr);
 }
 
 bool linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight, const Tensor& grad_bias) {
@@ -167,7 +185,15 @@ bool linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
   p.bias = grad_bias.defined() ? grad_bias.data_ptr() : nullptr;
   p.aux = nullptr;
   p.epilogue = grad_bias.defined() ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
-  return run(p);
+  // The same for gemm_sm90.h (without the bias gradient, which it has no epilogue for):
+  // dW (N, K) = (g (M, N) as stored, transposed) @ x (M, K).
+  sm90::Problem s;
+  s.dtype = x.dtype();
+  s.m = n, s.n = k, s.k = m;
+  s.a = grad.data_ptr(), s.lda = n, s.a_transposed = true;
+  s.b = x.data_ptr(), s.ldb = k, s.b_transposed = false;
+  s.d = grad_weight.data_ptr(), s.ldd = k;
+  return run(p, grad_bias.defined() ? nullptr : &s);
 }
 
 bool linear_backward_input_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre, const Tensor& grad_pre) {

@@ -3,7 +3,9 @@
 // So C = A @ B is computed as C^T = B^T @ A^T with the operands swapped, each passed as stored
 // (transposed views become a transpose op, not a copy). f16/bf16 accumulate in f32; f32 uses
 // TF32 tensor cores only under MatmulPrecision::high. Algorithms come from cuBLASLt's heuristic
-// (or are timed: set_matmul_tuning) and are cached per shape, layout and alignment.
+// (or are timed: set_matmul_tuning) and are cached per shape, layout and alignment. A single
+// (unbatched) 16-bit product may run on tandem's CUTLASS kernels instead on sm_90 (gemm_sm90.h,
+// cuda::gemm_kernels).
 #include <tuple>
 
 #include "tandem/core/backend.h"
@@ -37,7 +39,7 @@ bool gemm_layout(const Tensor& t) {
 }
 
 using PlanKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, bool, bool, int, int, int>;
+                           int64_t, bool, bool, int, int, int, int>;
 }  // namespace
 
 void set_matmul_precision(MatmulPrecision p) { precision = p; }
@@ -68,7 +70,8 @@ void matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
 
   int align_a = alignment(a.data_ptr()), align_b = alignment(b.data_ptr()), align_c = alignment(out.data_ptr());
   PlanKey key{device, static_cast<int>(a.dtype()), static_cast<int>(t.compute), batch, m, n, k, la.ld, lb.ld,
-              la.batch_stride, lb.batch_stride, 0, la.transpose, lb.transpose, align_a, align_b, align_c};
+              la.batch_stride, lb.batch_stride, 0, la.transpose, lb.transpose, align_a, align_b, align_c,
+              static_cast<int>(gemm_kernels())};
   static PlanCache<PlanKey> plans;
   float alpha_f = 1.0f, beta_f = 0.0f;
   double alpha_d = 1.0, beta_d = 0.0;
@@ -79,18 +82,28 @@ void matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
                           beta, out.data_ptr(), layout_c.get(), out.data_ptr(), layout_c.get(), &algo, workspace,
                           workspace_bytes, stream);
   };
+  // The same product for gemm_sm90.h, where unbatched: out (m, n) = A (m, k) @ B (k, n), each
+  // operand row-major as stored or stored transposed (describe's transpose).
+  sm90::Problem s;
+  s.dtype = a.dtype();
+  s.m = m, s.n = n, s.k = k;
+  s.a = a.data_ptr(), s.lda = la.ld, s.a_transposed = la.transpose;
+  s.b = b.data_ptr(), s.ldb = lb.ld, s.b_transposed = lb.transpose;
+  s.d = out.data_ptr(), s.ldd = n;
+  const sm90::Problem* sm90_problem = batch == 1 ? &s : nullptr;
   // cuBLASLt's A is our B.
   const Heuristic h = plans.find(key, [&] {
     const double flops =
         2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
     return query_heuristic(
         device, desc, layout_b, layout_a, layout_c, {align_b, align_a, align_c}, flops, launch,
-        detail::concat("matmul ", dtype_name(a.dtype()), " ", batch, " x (", m, ", ", k, ") @ (", k, ", ", n, ")"));
+        detail::concat("matmul ", dtype_name(a.dtype()), " ", batch, " x (", m, ", ", k, ") @ (", k, ", ", n, ")"),
+        sm90_problem);
   });
   TANDEM_CUBLAS_CHECK(h.status);
-  TANDEM_CHECK_AS(BackendError, h.found, "matmul: cuBLASLt has no algorithm for ", batch, " x (", m, ", ", k, ") @ (", k,
-                  ", ", n, ") in ", a.dtype());
-  TANDEM_CUBLAS_CHECK(launch_with_workspace(h, launch, out.device()));
+  TANDEM_CHECK_AS(BackendError, h.found || h.sm90_variant >= 0, "matmul: cuBLASLt has no algorithm for ", batch,
+                  " x (", m, ", ", k, ") @ (", k, ", ", n, ") in ", a.dtype());
+  TANDEM_CUBLAS_CHECK(run_choice(h, launch, out.device(), sm90_problem));
 }
 
 }  // namespace tandem::cuda

@@ -85,6 +85,9 @@ void set_matmul_precision(MatmulPrecision) {}
 MatmulPrecision matmul_precision() { return MatmulPrecision::highest; }
 void set_matmul_tuning(MatmulTuning) {}
 MatmulTuning matmul_tuning() { return MatmulTuning::large; }
+void set_gemm_kernels(GemmKernels) {}
+GemmKernels gemm_kernels() { return GemmKernels::automatic; }
+bool cutlass_gemm_built() { return false; }
 void set_cudnn_benchmark(bool) {}
 void* device_allocate(size_t, int) { no_cuda("allocating cuda memory"); }
 void device_free(void*, int) {}

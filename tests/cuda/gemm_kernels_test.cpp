@@ -1,0 +1,86 @@
+// cuda::set_gemm_kernels (TANDEM_GEMM). With `cutlass`, the bf16/f16 products of linear layers run
+// on tandem's sm_90 kernels where those have one (the forward with its bias and GELU epilogues, the
+// input and weight gradients), the variant timed (MatmulTuning::all) or not (none); with
+// `cublaslt` on cuBLASLt. Either way a two-layer GELU MLP's output and gradients match the CPU in
+// f64 on fresh random inputs, and a second run gives the same bits (a problem keeps its choice).
+// On a GPU other than sm_90, or in a build without CUTLASS, both settings run cuBLASLt. The shapes
+// are this file's own, so that no earlier test of the process has already fixed their choices.
+#include "support/test_util.h"
+#include "tandem/core/cuda_api.h"
+#include "tandem/core/determinism.h"
+
+namespace tandem {
+namespace {
+
+Tensor rounded(const Shape& shape, double low, double high, DType dtype) {
+  return to(to(testing::random_uniform(shape, low, high, DType::f32), dtype), DType::f64);
+}
+Tensor on_gpu(const Tensor& t, DType dtype) { return to(to(t, dtype), Device("cuda")); }
+Tensor on_cpu(const Tensor& t) { return to(to(t, Device("cpu")), DType::f64); }
+
+// Sets the kernels and the tuning for one scope.
+struct Setting {
+  Setting(cuda::GemmKernels kernels, cuda::MatmulTuning tuning) {
+    cuda::set_gemm_kernels(kernels);
+    cuda::set_matmul_tuning(tuning);
+  }
+  ~Setting() {
+    cuda::set_gemm_kernels(kernels_before);
+    cuda::set_matmul_tuning(tuning_before);
+  }
+  cuda::GemmKernels kernels_before = cuda::gemm_kernels();
+  cuda::MatmulTuning tuning_before = cuda::matmul_tuning();
+};
+
+void check_mlp(int64_t rows, int64_t width, int64_t hidden, DType dtype) {
+  const double tol = dtype == DType::bf16 ? 3e-2 : 5e-3;
+  Tensor x = rounded({rows, width}, -1.0, 1.0, dtype);
+  Tensor fc_w = rounded({hidden, width}, -0.2, 0.2, dtype), fc_b = rounded({hidden}, -0.5, 0.5, dtype);
+  Tensor proj_w = rounded({width, hidden}, -0.1, 0.1, dtype), proj_b = rounded({width}, -0.5, 0.5, dtype);
+  Tensor direction = rounded({rows, width}, -1.0, 1.0, dtype);
+  std::vector<Tensor> cpu{x, fc_w, fc_b, proj_w, proj_b};
+  for (Tensor& t : cpu) t = t.detach().requires_grad_();
+  Tensor want = linear(linear(cpu[0], cpu[1], cpu[2], Activation::gelu_tanh), cpu[3], cpu[4]);
+  sum(mul(want, direction)).backward();
+  std::vector<Tensor> first;  // output and gradients of the first GPU run
+  for (int run = 0; run < 2; ++run) {
+    std::vector<Tensor> gpu;
+    for (const Tensor& t : cpu) gpu.push_back(on_gpu(t.detach(), dtype).requires_grad_());
+    Tensor got = linear(linear(gpu[0], gpu[1], gpu[2], Activation::gelu_tanh), gpu[3], gpu[4]);
+    sum(mul(to(got, DType::f32), to(on_gpu(direction, dtype), DType::f32))).backward();
+    std::vector<Tensor> results{on_cpu(got)};
+    for (const Tensor& t : gpu) results.push_back(on_cpu(t.grad()));
+    if (run == 0) {
+      EXPECT_TRUE(testing::all_close(results[0], want, tol, tol)) << "output";
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        EXPECT_TRUE(testing::all_close(results[i + 1], cpu[i].grad(), 2 * tol, 2 * tol)) << "gradient " << i;
+      }
+      first = results;
+    } else {
+      for (size_t i = 0; i < results.size(); ++i) {
+        EXPECT_TRUE(testing::all_close(results[i], first[i], 0.0, 0.0)) << "result " << i << " changed";
+      }
+    }
+  }
+}
+
+TEST(GemmKernels, EachSettingMatchesTheCpuAndKeepsItsChoice) {
+  TANDEM_REQUIRE_CUDA();
+  ASSERT_FALSE(are_deterministic_algorithms_enabled());
+  int64_t rows = 136;  // a new width per case: fresh problems
+  for (cuda::GemmKernels kernels : {cuda::GemmKernels::cutlass, cuda::GemmKernels::cublaslt}) {
+    for (cuda::MatmulTuning tuning : {cuda::MatmulTuning::all, cuda::MatmulTuning::none}) {
+      Setting setting(kernels, tuning);
+      for (DType dtype : {DType::bf16, DType::f16}) {
+        SCOPED_TRACE(::testing::Message()
+                     << (kernels == cuda::GemmKernels::cutlass ? "cutlass" : "cublaslt") << ", "
+                     << (tuning == cuda::MatmulTuning::all ? "timed" : "untimed") << ", " << dtype_name(dtype));
+        rows += 8;
+        check_mlp(rows, 88, 264, dtype);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem

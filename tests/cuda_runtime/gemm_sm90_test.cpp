@@ -1,0 +1,159 @@
+// tandem's CUTLASS products for sm_90 (core/cuda/gemm_sm90.h): every kernel kind (the linear
+// layer's forward with no epilogue, with a bias, and with a bias and GELU storing the
+// pre-activation; the input gradient; the weight gradient), in bf16 and f16, in every variant,
+// against the CPU in f64 on fresh random inputs of 16-bit values, on shapes that leave partial tiles
+// and rows longer than the matrix; and the problems that have no kernel. Skips without an sm_90
+// GPU or in a build without CUTLASS's headers.
+#include <cuda_runtime.h>
+
+#include "support/test_util.h"
+#include "tandem/autograd/ops.h"
+#include "tandem/core/copy.h"
+#include "tandem/core/cuda/gemm_sm90.h"
+#include "tandem/core/cuda/runtime.h"
+
+namespace tandem::cuda::sm90 {
+namespace {
+
+#define TANDEM_REQUIRE_SM90()                                                                       \
+  do {                                                                                              \
+    TANDEM_REQUIRE_CUDA();                                                                          \
+    if (!cutlass_gemm_built()) GTEST_SKIP() << "tandem was built without CUTLASS's headers";        \
+    if (!available(0)) GTEST_SKIP() << "device 0 is not an sm_90 GPU (the kernels are for sm_90a)"; \
+  } while (0)
+
+// Uniform values in [low, high) that `dtype` holds exactly, as f64 on the CPU.
+Tensor rounded(const Shape& shape, double low, double high, DType dtype) {
+  return to(to(testing::random_uniform(shape, low, high, DType::f32), dtype), DType::f64);
+}
+Tensor on_gpu(const Tensor& t, DType dtype) { return to(to(t, dtype), Device("cuda")); }
+Tensor on_cpu(const Tensor& t) { return to(to(t, Device("cpu")), DType::f64); }
+
+double tolerance(DType dtype) { return dtype == DType::bf16 ? 2e-2 : 4e-3; }
+
+// Runs p with every variant, each into a freshly cleared d, and checks d (and aux) against want.
+void check_every_variant(Problem p, const Tensor& d, const Tensor& want, const Tensor& aux = Tensor(),
+                         const Tensor& want_aux = Tensor()) {
+  ASSERT_TRUE(supported(p));
+  const double tol = tolerance(p.dtype);
+  for (int v = 0; v < kVariants; ++v) {
+    SCOPED_TRACE(variant_name(v));
+    kernels::fill_(d, 0.0);
+    if (aux.defined()) kernels::fill_(aux, 0.0);
+    ASSERT_TRUE(run(p, v, 0, current_stream(0)));
+    EXPECT_TRUE(testing::all_close(on_cpu(d), want, tol, tol));
+    if (aux.defined()) EXPECT_TRUE(testing::all_close(on_cpu(aux), want_aux, tol, tol)) << "pre-activation";
+  }
+}
+
+TEST(GemmSm90, ForwardEpiloguesMatchTheCpu) {
+  TANDEM_REQUIRE_SM90();
+  const int64_t m = 200, n = 264, k = 136;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor x = rounded({m, k}, -1.0, 1.0, dtype), w = rounded({n, k}, -0.2, 0.2, dtype);
+    Tensor b = rounded({n}, -0.5, 0.5, dtype);
+    Tensor gx = on_gpu(x, dtype), gw = on_gpu(w, dtype), gb = on_gpu(b, dtype);
+    Tensor out = empty({m, n}, TensorOptions(dtype, Device("cuda")));  // (m, n)
+    Tensor pre = empty({m, n}, TensorOptions(dtype, Device("cuda")));  // (m, n)
+    Problem p;
+    p.dtype = dtype;
+    p.m = m, p.n = n, p.k = k;
+    p.a = gx.data_ptr(), p.lda = k;
+    p.b = gw.data_ptr(), p.ldb = k, p.b_transposed = true;
+    p.d = out.data_ptr(), p.ldd = n;
+    Tensor product = matmul(x, transpose(w, 0, 1));  // (m, n) f64
+    {
+      SCOPED_TRACE("no epilogue");
+      check_every_variant(p, out, product);
+    }
+    p.bias = gb.data_ptr();
+    Tensor with_bias = add(product, b);
+    {
+      SCOPED_TRACE("bias");
+      p.epilogue = Epilogue::bias;
+      check_every_variant(p, out, with_bias);
+    }
+    {
+      SCOPED_TRACE("bias and GELU");
+      p.epilogue = Epilogue::bias_gelu_aux;
+      p.aux = pre.data_ptr();
+      // GELU of the 16-bit pre-activation the kernel keeps, as the backward reads it.
+      Tensor pre_16 = to(to(with_bias, dtype), DType::f64);
+      check_every_variant(p, out, gelu(pre_16, GeluApproximate::tanh), pre, with_bias);
+    }
+  }
+}
+
+TEST(GemmSm90, GradientProductsMatchTheCpu) {
+  TANDEM_REQUIRE_SM90();
+  const int64_t m = 520, n = 392, k = 264, pad = 24;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    {
+      SCOPED_TRACE("input gradient, A's rows longer than the matrix");
+      Tensor g_wide = rounded({m, k + pad}, -1.0, 1.0, dtype), w = rounded({k, n}, -0.2, 0.2, dtype);
+      Tensor gg = on_gpu(g_wide, dtype), gw = on_gpu(w, dtype);
+      Tensor out = empty({m, n}, TensorOptions(dtype, Device("cuda")));  // (m, n)
+      Problem p;
+      p.dtype = dtype;
+      p.m = m, p.n = n, p.k = k;
+      p.a = gg.data_ptr(), p.lda = k + pad;  // the first k columns of g_wide
+      p.b = gw.data_ptr(), p.ldb = n;
+      p.d = out.data_ptr(), p.ldd = n;
+      check_every_variant(p, out, matmul(narrow(g_wide, 1, 0, k), w));
+    }
+    {
+      SCOPED_TRACE("weight gradient");
+      Tensor g = rounded({k, m}, -1.0, 1.0, dtype), x = rounded({k, n}, -1.0, 1.0, dtype);  // k is the batch
+      Tensor gg = on_gpu(g, dtype), gx = on_gpu(x, dtype);
+      Tensor out = empty({m, n}, TensorOptions(dtype, Device("cuda")));  // (m, n)
+      Problem p;
+      p.dtype = dtype;
+      p.m = m, p.n = n, p.k = k;
+      p.a = gg.data_ptr(), p.lda = m, p.a_transposed = true;
+      p.b = gx.data_ptr(), p.ldb = n;
+      p.d = out.data_ptr(), p.ldd = n;
+      check_every_variant(p, out, matmul(transpose(g, 0, 1), x));
+    }
+  }
+}
+
+TEST(GemmSm90, ProblemsWithoutAKernel) {
+  TANDEM_REQUIRE_SM90();
+  Tensor buffer = empty({4096}, TensorOptions(DType::bf16, Device("cuda")));  // (4096,) aligned
+  Problem p;
+  p.m = 16, p.n = 16, p.k = 16;
+  p.a = p.b = buffer.data_ptr();
+  p.d = buffer.data_ptr();
+  p.lda = p.ldb = p.ldd = 16;
+  p.b_transposed = true;
+  EXPECT_TRUE(supported(p));
+  Problem q = p;
+  q.dtype = DType::f32;
+  EXPECT_FALSE(supported(q)) << "f32";
+  q = p;
+  q.k = 12, q.lda = q.ldb = 12;
+  EXPECT_FALSE(supported(q)) << "rows of 12 elements: not whole 16-byte units";
+  q = p;
+  q.a = static_cast<const char*>(p.a) + 2;
+  EXPECT_FALSE(supported(q)) << "A 2 bytes off 16-byte alignment";
+  q = p;
+  q.a_transposed = true;
+  EXPECT_FALSE(supported(q)) << "both operands transposed";
+  q = p;
+  q.b_transposed = false;
+  q.epilogue = Epilogue::bias;
+  q.bias = buffer.data_ptr();
+  EXPECT_FALSE(supported(q)) << "an epilogue on the input gradient";
+  q = p;
+  q.epilogue = Epilogue::bias;
+  EXPECT_FALSE(supported(q)) << "a bias epilogue without a bias";
+  q = p;
+  q.lda = 8;
+  EXPECT_FALSE(supported(q)) << "a leading dimension shorter than the rows";
+  EXPECT_FALSE(run(q, 0, 0, current_stream(0)));
+}
+
+}  // namespace
+}  // namespace tandem::cuda::sm90
