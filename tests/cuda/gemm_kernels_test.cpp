@@ -12,11 +12,9 @@
 namespace tandem {
 namespace {
 
-Tensor rounded(const Shape& shape, double low, double high, DType dtype) {
-  return to(to(testing::random_uniform(shape, low, high, DType::f32), dtype), DType::f64);
-}
-Tensor on_gpu(const Tensor& t, DType dtype) { return to(to(t, dtype), Device("cuda")); }
-Tensor on_cpu(const Tensor& t) { return to(to(t, Device("cpu")), DType::f64); }
+using testing::on_cpu_f64;
+using testing::on_gpu_as;
+using testing::random_exact_in;
 
 // Sets the kernels and the tuning for one scope.
 struct Setting {
@@ -34,10 +32,11 @@ struct Setting {
 
 void check_mlp(int64_t rows, int64_t width, int64_t hidden, DType dtype) {
   const double tol = dtype == DType::bf16 ? 3e-2 : 5e-3;
-  Tensor x = rounded({rows, width}, -1.0, 1.0, dtype);
-  Tensor fc_w = rounded({hidden, width}, -0.2, 0.2, dtype), fc_b = rounded({hidden}, -0.5, 0.5, dtype);
-  Tensor proj_w = rounded({width, hidden}, -0.1, 0.1, dtype), proj_b = rounded({width}, -0.5, 0.5, dtype);
-  Tensor direction = rounded({rows, width}, -1.0, 1.0, dtype);
+  Tensor x = random_exact_in({rows, width}, -1.0, 1.0, dtype);
+  Tensor fc_w = random_exact_in({hidden, width}, -0.2, 0.2, dtype), fc_b = random_exact_in({hidden}, -0.5, 0.5, dtype);
+  Tensor proj_w = random_exact_in({width, hidden}, -0.1, 0.1, dtype),
+         proj_b = random_exact_in({width}, -0.5, 0.5, dtype);
+  Tensor direction = random_exact_in({rows, width}, -1.0, 1.0, dtype);
   std::vector<Tensor> cpu{x, fc_w, fc_b, proj_w, proj_b};
   for (Tensor& t : cpu) t = t.detach().requires_grad_();
   Tensor want = linear(linear(cpu[0], cpu[1], cpu[2], Activation::gelu_tanh), cpu[3], cpu[4]);
@@ -45,11 +44,11 @@ void check_mlp(int64_t rows, int64_t width, int64_t hidden, DType dtype) {
   std::vector<Tensor> first;  // output and gradients of the first GPU run
   for (int run = 0; run < 2; ++run) {
     std::vector<Tensor> gpu;
-    for (const Tensor& t : cpu) gpu.push_back(on_gpu(t.detach(), dtype).requires_grad_());
+    for (const Tensor& t : cpu) gpu.push_back(on_gpu_as(t.detach(), dtype).requires_grad_());
     Tensor got = linear(linear(gpu[0], gpu[1], gpu[2], Activation::gelu_tanh), gpu[3], gpu[4]);
-    sum(mul(to(got, DType::f32), to(on_gpu(direction, dtype), DType::f32))).backward();
-    std::vector<Tensor> results{on_cpu(got)};
-    for (const Tensor& t : gpu) results.push_back(on_cpu(t.grad()));
+    sum(mul(to(got, DType::f32), to(on_gpu_as(direction, dtype), DType::f32))).backward();
+    std::vector<Tensor> results{on_cpu_f64(got)};
+    for (const Tensor& t : gpu) results.push_back(on_cpu_f64(t.grad()));
     if (run == 0) {
       EXPECT_TRUE(testing::all_close(results[0], want, tol, tol)) << "output";
       for (size_t i = 0; i < cpu.size(); ++i) {

@@ -11,11 +11,9 @@
 namespace tandem {
 namespace {
 
-Tensor rounded(const Shape& shape, double low, double high, DType dtype) {
-  return to(to(testing::random_uniform(shape, low, high, DType::f32), dtype), DType::f64);
-}
-Tensor on_gpu(const Tensor& t, DType dtype) { return to(to(t, dtype), Device("cuda")); }
-Tensor on_cpu(const Tensor& t) { return to(to(t, Device("cpu")), DType::f64); }
+using testing::on_cpu_f64;
+using testing::on_gpu_as;
+using testing::random_exact_in;
 
 // Times every product for one test.
 struct AutotuneOn {
@@ -33,25 +31,24 @@ TEST(MatmulAutotune, TimedChoicesMatchTheCpuAndStay) {
     const double tol = dtype == DType::bf16 ? 3e-2 : 2e-4;
     // The fused linear products: GELU_AUX_BIAS forward, the weight gradients' and, in 16 bits at
     // 4200 rows, DGELU.
-    Tensor x = rounded({2, 2100, 96}, -1.0, 1.0, dtype);
-    Tensor fc_w = rounded({352, 96}, -0.2, 0.2, dtype), fc_b = rounded({352}, -0.5, 0.5, dtype);
-    Tensor proj_w = rounded({96, 352}, -0.1, 0.1, dtype), proj_b = rounded({96}, -0.5, 0.5, dtype);
-    Tensor direction = rounded({2, 2100, 96}, -1.0, 1.0, dtype);
+    Tensor x = random_exact_in({2, 2100, 96}, -1.0, 1.0, dtype);
+    Tensor fc_w = random_exact_in({352, 96}, -0.2, 0.2, dtype), fc_b = random_exact_in({352}, -0.5, 0.5, dtype);
+    Tensor proj_w = random_exact_in({96, 352}, -0.1, 0.1, dtype), proj_b = random_exact_in({96}, -0.5, 0.5, dtype);
+    Tensor direction = random_exact_in({2, 2100, 96}, -1.0, 1.0, dtype);
     std::vector<Tensor> cpu{x, fc_w, fc_b, proj_w, proj_b};
     for (Tensor& t : cpu) t = t.detach().requires_grad_();
     sum(mul(linear(linear(cpu[0], cpu[1], cpu[2], Activation::gelu_tanh), cpu[3], cpu[4]), direction)).backward();
     std::vector<Tensor> first;  // output and gradients of the first GPU run
     for (int run = 0; run < 2; ++run) {
       std::vector<Tensor> gpu;
-      for (const Tensor& t : cpu) gpu.push_back(on_gpu(t.detach(), dtype).requires_grad_());
+      for (const Tensor& t : cpu) gpu.push_back(on_gpu_as(t.detach(), dtype).requires_grad_());
       Tensor got = gelu_mlp(gpu[0], gpu[1], gpu[2], gpu[3], gpu[4]);
-      sum(mul(to(got, DType::f32), to(on_gpu(direction, dtype), DType::f32))).backward();
-      std::vector<Tensor> results{on_cpu(got)};
-      for (const Tensor& t : gpu) results.push_back(on_cpu(t.grad()));
+      sum(mul(to(got, DType::f32), to(on_gpu_as(direction, dtype), DType::f32))).backward();
+      std::vector<Tensor> results{on_cpu_f64(got)};
+      for (const Tensor& t : gpu) results.push_back(on_cpu_f64(t.grad()));
       if (run == 0) {
-        EXPECT_TRUE(testing::all_close(results[0], on_cpu(linear(linear(x, fc_w, fc_b, Activation::gelu_tanh),
-                                                                  proj_w, proj_b)),
-                                       tol, tol))
+        EXPECT_TRUE(testing::all_close(
+            results[0], on_cpu_f64(linear(linear(x, fc_w, fc_b, Activation::gelu_tanh), proj_w, proj_b)), tol, tol))
             << "output";
         for (size_t i = 0; i < cpu.size(); ++i) {
           EXPECT_TRUE(testing::all_close(results[i + 1], cpu[i].grad(), 2 * tol, 2 * tol)) << "gradient " << i;
@@ -64,11 +61,12 @@ TEST(MatmulAutotune, TimedChoicesMatchTheCpuAndStay) {
       }
     }
     // A plain batched product.
-    Tensor a = rounded({3, 200, 136}, -1.0, 1.0, dtype), b = rounded({3, 136, 264}, -1.0, 1.0, dtype);
+    Tensor a = random_exact_in({3, 200, 136}, -1.0, 1.0, dtype), b = random_exact_in({3, 136, 264}, -1.0, 1.0, dtype);
     Tensor want = matmul(a, b);
-    Tensor got = on_cpu(matmul(on_gpu(a, dtype), on_gpu(b, dtype)));
+    Tensor got = on_cpu_f64(matmul(on_gpu_as(a, dtype), on_gpu_as(b, dtype)));
     EXPECT_TRUE(testing::all_close(got, want, tol, tol)) << "matmul";
-    EXPECT_TRUE(testing::all_close(on_cpu(matmul(on_gpu(a, dtype), on_gpu(b, dtype))), got, 0, 0)) << "matmul again";
+    EXPECT_TRUE(testing::all_close(on_cpu_f64(matmul(on_gpu_as(a, dtype), on_gpu_as(b, dtype))), got, 0, 0))
+        << "matmul again";
   }
 }
 
@@ -76,11 +74,11 @@ TEST(MatmulWorkspace, AProductHoldsOnlyTheWorkspaceItsAlgorithmNeeds) {
   TANDEM_REQUIRE_CUDA();
   for (DType dtype : {DType::bf16, DType::f32}) {
     SCOPED_TRACE(dtype_name(dtype));
-    Tensor a = on_gpu(rounded({2, 192, 136}, -1.0, 1.0, dtype), dtype);  // (2, 192, 136)
-    Tensor b = on_gpu(rounded({2, 136, 200}, -1.0, 1.0, dtype), dtype);  // (2, 136, 200)
-    Tensor x = on_gpu(rounded({160, 96}, -1.0, 1.0, dtype), dtype);      // (160, 96)
-    Tensor w = on_gpu(rounded({120, 96}, -0.2, 0.2, dtype), dtype);      // (120, 96)
-    Tensor bias = on_gpu(rounded({120}, -0.5, 0.5, dtype), dtype);       // (120,)
+    Tensor a = on_gpu_as(random_exact_in({2, 192, 136}, -1.0, 1.0, dtype), dtype);  // (2, 192, 136)
+    Tensor b = on_gpu_as(random_exact_in({2, 136, 200}, -1.0, 1.0, dtype), dtype);  // (2, 136, 200)
+    Tensor x = on_gpu_as(random_exact_in({160, 96}, -1.0, 1.0, dtype), dtype);      // (160, 96)
+    Tensor w = on_gpu_as(random_exact_in({120, 96}, -0.2, 0.2, dtype), dtype);      // (120, 96)
+    Tensor bias = on_gpu_as(random_exact_in({120}, -0.5, 0.5, dtype), dtype);       // (120,)
     matmul(a, b);  // the first calls ask cuBLASLt; the second only run
     linear(x, w, bias, Activation::gelu_tanh);
     cuda::synchronize();

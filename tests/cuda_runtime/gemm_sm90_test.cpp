@@ -22,12 +22,9 @@ namespace {
     if (!available(0)) GTEST_SKIP() << "device 0 is not an sm_90 GPU (the kernels are for sm_90a)"; \
   } while (0)
 
-// Uniform values in [low, high) that `dtype` holds exactly, as f64 on the CPU.
-Tensor rounded(const Shape& shape, double low, double high, DType dtype) {
-  return to(to(testing::random_uniform(shape, low, high, DType::f32), dtype), DType::f64);
-}
-Tensor on_gpu(const Tensor& t, DType dtype) { return to(to(t, dtype), Device("cuda")); }
-Tensor on_cpu(const Tensor& t) { return to(to(t, Device("cpu")), DType::f64); }
+using testing::on_cpu_f64;
+using testing::on_gpu_as;
+using testing::random_exact_in;
 
 double tolerance(DType dtype) { return dtype == DType::bf16 ? 2e-2 : 4e-3; }
 
@@ -41,8 +38,8 @@ void check_every_variant(Problem p, const Tensor& d, const Tensor& want, const T
     kernels::fill_(d, 0.0);
     if (aux.defined()) kernels::fill_(aux, 0.0);
     ASSERT_TRUE(run(p, v, 0, current_stream(0)));
-    EXPECT_TRUE(testing::all_close(on_cpu(d), want, tol, tol));
-    if (aux.defined()) EXPECT_TRUE(testing::all_close(on_cpu(aux), want_aux, tol, tol)) << "pre-activation";
+    EXPECT_TRUE(testing::all_close(on_cpu_f64(d), want, tol, tol));
+    if (aux.defined()) EXPECT_TRUE(testing::all_close(on_cpu_f64(aux), want_aux, tol, tol)) << "pre-activation";
   }
 }
 
@@ -51,9 +48,9 @@ TEST(GemmSm90, ForwardEpiloguesMatchTheCpu) {
   const int64_t m = 200, n = 264, k = 136;
   for (DType dtype : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(dtype));
-    Tensor x = rounded({m, k}, -1.0, 1.0, dtype), w = rounded({n, k}, -0.2, 0.2, dtype);
-    Tensor b = rounded({n}, -0.5, 0.5, dtype);
-    Tensor gx = on_gpu(x, dtype), gw = on_gpu(w, dtype), gb = on_gpu(b, dtype);
+    Tensor x = random_exact_in({m, k}, -1.0, 1.0, dtype), w = random_exact_in({n, k}, -0.2, 0.2, dtype);
+    Tensor b = random_exact_in({n}, -0.5, 0.5, dtype);
+    Tensor gx = on_gpu_as(x, dtype), gw = on_gpu_as(w, dtype), gb = on_gpu_as(b, dtype);
     Tensor out = empty({m, n}, TensorOptions(dtype, Device("cuda")));  // (m, n)
     Tensor pre = empty({m, n}, TensorOptions(dtype, Device("cuda")));  // (m, n)
     Problem p;
@@ -92,8 +89,8 @@ TEST(GemmSm90, GradientProductsMatchTheCpu) {
     SCOPED_TRACE(dtype_name(dtype));
     {
       SCOPED_TRACE("input gradient, A's rows longer than the matrix");
-      Tensor g_wide = rounded({m, k + pad}, -1.0, 1.0, dtype), w = rounded({k, n}, -0.2, 0.2, dtype);
-      Tensor gg = on_gpu(g_wide, dtype), gw = on_gpu(w, dtype);
+      Tensor g_wide = random_exact_in({m, k + pad}, -1.0, 1.0, dtype), w = random_exact_in({k, n}, -0.2, 0.2, dtype);
+      Tensor gg = on_gpu_as(g_wide, dtype), gw = on_gpu_as(w, dtype);
       Tensor out = empty({m, n}, TensorOptions(dtype, Device("cuda")));  // (m, n)
       Problem p;
       p.dtype = dtype;
@@ -105,8 +102,9 @@ TEST(GemmSm90, GradientProductsMatchTheCpu) {
     }
     {
       SCOPED_TRACE("weight gradient");
-      Tensor g = rounded({k, m}, -1.0, 1.0, dtype), x = rounded({k, n}, -1.0, 1.0, dtype);  // k is the batch
-      Tensor gg = on_gpu(g, dtype), gx = on_gpu(x, dtype);
+      Tensor g = random_exact_in({k, m}, -1.0, 1.0, dtype),
+             x = random_exact_in({k, n}, -1.0, 1.0, dtype);  // k is the batch
+      Tensor gg = on_gpu_as(g, dtype), gx = on_gpu_as(x, dtype);
       Tensor out = empty({m, n}, TensorOptions(dtype, Device("cuda")));  // (m, n)
       Problem p;
       p.dtype = dtype;

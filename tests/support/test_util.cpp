@@ -68,6 +68,14 @@ Tensor random_uniform(const Shape& shape, double low, double high, TensorOptions
   return uniform(shape, low, high, options, &gen);
 }
 
+Tensor random_exact_in(const Shape& shape, double low, double high, DType dtype) {
+  return to(to(random_uniform(shape, low, high, DType::f32), dtype), DType::f64);
+}
+
+Tensor on_gpu_as(const Tensor& t, DType dtype) { return to(to(t, dtype), Device("cuda")); }
+
+Tensor on_cpu_f64(const Tensor& t) { return to(to(t, Device("cpu")), DType::f64); }
+
 Tensor random_leaf(const Shape& shape) { return random_tensor(shape).requires_grad_(); }
 
 Tensor random_transposed_leaf(const Shape& shape) {

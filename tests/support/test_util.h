@@ -19,6 +19,12 @@ uint64_t next_seed();
 Tensor random_tensor(const Shape& shape, TensorOptions options = DType::f64);
 // Uniform values in [low, high); fresh numbers on every call.
 Tensor random_uniform(const Shape& shape, double low, double high, TensorOptions options = DType::f64);
+// Uniform values in [low, high) that `dtype` holds exactly (drawn in f32, rounded to dtype), as
+// f64 on the CPU: a CPU reference in f64 and a GPU run in dtype then start from the same numbers.
+Tensor random_exact_in(const Shape& shape, double low, double high, DType dtype);
+// t converted to dtype on the GPU; and any tensor back as f64 on the CPU, for comparing.
+Tensor on_gpu_as(const Tensor& t, DType dtype);
+Tensor on_cpu_f64(const Tensor& t);
 // A leaf that requires grad, for gradient checks (f64, cpu).
 Tensor random_leaf(const Shape& shape);
 // A non-contiguous leaf with the given shape: the transpose of a contiguous tensor, so its last
