@@ -196,6 +196,21 @@ TEST(GraphedStep, ResNet18ReplaysTheEagerBitsInF32AndBf16) {
   for (const char* p : {"f32", "bf16"}) expect_graph_matches_eager(resnet_workload(), RunOptions{p});
 }
 
+// With cuda::set_gemm_kernels(cutlass) the 16-bit products run on tandem's sm_90 kernels (on an
+// H100/H200 in a build with CUTLASS; elsewhere on cuBLASLt, and the test checks that path again).
+// Those launch as dependent launches and take their operands' TMA descriptors as parameters, which
+// the capture keeps: every replay must still give the eager bits.
+TEST(GraphedStep, ReplaysTheEagerBitsOnTandemsSm90Products) {
+  SKIP_WITHOUT_GPU();
+  struct CutlassScope {
+    cuda::GemmKernels before = cuda::gemm_kernels();
+    CutlassScope() { cuda::set_gemm_kernels(cuda::GemmKernels::cutlass); }
+    ~CutlassScope() { cuda::set_gemm_kernels(before); }
+  } cutlass;
+  expect_graph_matches_eager(mlp_workload(), RunOptions{"bf16"});
+  expect_graph_matches_eager(gpt2_workload(), RunOptions{"bf16"});
+}
+
 TEST(GraphedStep, Fp16GradScalerSkipsTheOverflowingStepInsideTheGraph) {
   SKIP_WITHOUT_GPU();
   RunOptions o;
