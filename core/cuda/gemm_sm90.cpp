@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "tandem/core/cuda/runtime.h"
+#include "tandem/core/cuda_graph.h"
 #include "tandem/core/error.h"
 
 namespace tandem::cuda::sm90 {
@@ -73,6 +74,10 @@ bool supported(const Problem& p) {
     if (v % 8 != 0) return false;
   }
   return p.lda >= a_row && p.ldb >= b_row && p.ldd >= p.n;
+}
+
+bool launch_as_dependent(int device) {
+  return dependent_launch_enabled(device) && !is_capturing();
 }
 
 int default_variant(const Problem& p, int device) {

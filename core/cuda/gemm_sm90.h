@@ -63,8 +63,14 @@ bool supported(const Problem& p);
 // A variant for p without timing: config by the number of tiles, default raster order.
 int default_variant(const Problem& p, int device);
 
-// Launches p with `variant` on `stream` (with dependent launch where the device allows:
-// dependent_launch.cuh). False where CUTLASS refuses the problem for that variant (nothing ran).
+// Launches p with `variant` on `stream` (as launch_as_dependent says). False where CUTLASS refuses
+// the problem for that variant (nothing ran).
 bool run(const Problem& p, int variant, int device, cudaStream_t stream);
+
+// Whether the products launch as dependent launches: where the device allows (dependent_launch.cuh),
+// except inside a graph capture. There they take an ordinary edge: a replayed step has no launch
+// gaps for a dependent launch to hide, and as dependent launches these kernels made replayed steps
+// slower (the MLP's on an H200: README, "tandem's CUTLASS kernels on sm_90").
+bool launch_as_dependent(int device);
 
 }  // namespace tandem::cuda::sm90

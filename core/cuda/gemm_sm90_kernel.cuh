@@ -153,7 +153,7 @@ bool launch(const Problem& p, int variant, int device, cudaStream_t stream) {
   if (Kernel::can_implement(args) != true || Kernel::get_workspace_size(args) != 0) return false;
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
   allow_dynamic_shared_memory(cutlass::device_kernel<Kernel>, device, Kernel::SharedStorageSize);
-  const cutlass::Status status = Gemm::run(params, stream, nullptr, dependent_launch_enabled(device));
+  const cutlass::Status status = Gemm::run(params, stream, nullptr, launch_as_dependent(device));
   if (status != cutlass::Status::kSuccess) {
     TANDEM_THROW(BackendError, "CUTLASS's sm_90 product (", p.m, ", ", p.n, ", ", p.k,
                  ") failed to launch: ", cutlassGetStatusString(status));

@@ -857,6 +857,51 @@ TEST(OptimCuda, ManyTensorsAndMixedDtypesInOneCall) {
   expect_parity(gv, cv, 1e-5, "exp_avg_sq");
 }
 
+// Lists of up to 32 tensors pass their tables inline in the kernel's parameters, longer ones upload
+// them (core/cuda/optim.cu): 33 tensors updated in one call (uploaded) and the same tensors as 32
+// and 1 (inline) end bit for bit alike, eagerly and with found_inf and inv_scale.
+TEST(OptimCuda, InlineAndUploadedTablesGiveTheSameUpdate) {
+  TANDEM_REQUIRE_CUDA();
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < 33; ++i) sizes.push_back(1 + (i * 7919) % 9000);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const std::vector<Tensor> start = to_cpu(assorted(dtype, sizes, false));
+    const std::vector<Tensor> grads = assorted(dtype, sizes, false);
+    std::vector<Tensor> results[2];  // [0] one call, [1] two calls; params then both moments
+    for (int split = 0; split < 2; ++split) {
+      std::vector<Tensor> gp;
+      for (const Tensor& p : start) gp.push_back(kernels::to_device(p, kCuda));
+      std::vector<Tensor> gm = state_like(gp, false), gv = state_like(gp, false), gs = step_counts(gp);
+      UpdateTensors all = lists(gp, grads, {gm, gv}, gs);
+      all.found_inf = zeros({}, TensorOptions(DType::f32, kCuda));
+      all.inv_scale = full({}, 0.5, TensorOptions(DType::f32, kCuda));
+      const AdamWHyper h{0.01, 0.8, 0.95, 1e-6, 0.1};
+      for (int s = 0; s < 2; ++s) {
+        if (split == 0) {
+          kernels::adamw_step(all, h);
+          continue;
+        }
+        for (auto [begin, end] : {std::pair<size_t, size_t>{0, 32}, {32, 33}}) {
+          auto part = [&](const std::vector<Tensor>& v) {
+            return std::vector<Tensor>(v.begin() + begin, v.begin() + end);
+          };
+          UpdateTensors some = lists(part(gp), part(grads), {part(gm), part(gv)}, part(gs));
+          some.found_inf = all.found_inf;
+          some.inv_scale = all.inv_scale;
+          kernels::adamw_step(some, h);
+        }
+      }
+      for (const auto* list : {&gp, &gm, &gv}) {
+        for (const Tensor& t : *list) results[split].push_back(kernels::to_device(t, Device()));
+      }
+    }
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_TRUE(testing::all_close(results[1][i], results[0][i], 0.0, 0.0)) << i;
+    }
+  }
+}
+
 TEST(OptimCuda, OptimizersAndClippingOnTheGpuMatchTheCpu) {
   TANDEM_REQUIRE_CUDA();
   for (int kind = 0; kind < 2; ++kind) {
