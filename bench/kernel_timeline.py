@@ -12,7 +12,8 @@ The command runs with TANDEM_DEPENDENT_LAUNCH=0 unless the environment sets it: 
 then launch the ordinary way, so each record is that kernel's own time.
 
 With --cuda-graph each replay is one step: the replay whose span is the median is printed, with
-the medians over all replays. Without a graph the marked part is divided by --steps.
+the medians over all replays. Without a graph the marked part is divided by --steps (by default
+the command's own --steps: bench/train_step marks its timed steps).
 
 Usage: python3 bench/kernel_timeline.py [--library PATH] [--top N] [--steps N] [--keep FILE]
                                         -- COMMAND [ARGS...]
@@ -131,6 +132,16 @@ def report(records, steps, top):
         print(f"{t / divide / 1e3:9.1f} us {n / divide:5g}x  {before[:55]} -> {after[:55]}")
 
 
+def steps_in_command(command):
+    """The command's own --steps N (bench/train_step's timed steps, which it marks), or None."""
+    for i, arg in enumerate(command):
+        value = arg[len("--steps="):] if arg.startswith("--steps=") else (
+            command[i + 1] if arg == "--steps" and i + 1 < len(command) else None)
+        if value is not None and value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
 def main():
     argv = sys.argv[1:]
     if "--" not in argv:
@@ -142,7 +153,8 @@ def main():
                                         for d in ("build", "build-gpu")) if os.path.exists(p)), None)
     parser.add_argument("--library", default=default_library, help="libkernel_timeline.so (default: the build's)")
     parser.add_argument("--top", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=1, help="without a graph: steps in the marked part")
+    parser.add_argument("--steps", type=int,
+                        help="without a graph: steps in the marked part (default: the command's --steps, else 1)")
     parser.add_argument("--keep", help="also keep the recorded timeline (TSV) here")
     parser.add_argument("--timeline", help="read this recorded timeline instead of running a command")
     args = parser.parse_args(argv[:split])
@@ -166,7 +178,13 @@ def main():
     if "start" in marks:
         stop = marks.get("stop", float("inf"))
         records = [r for r in records if marks["start"] < r.correlation < stop]
-    report(records, args.steps, args.top)
+    steps = args.steps or steps_in_command(command)
+    if steps is None:
+        steps = 1
+        if records and all(r.graph == 0 for r in records):
+            print("kernel_timeline: the marked part is taken as one step (pass --steps N, or run a command "
+                  "with --steps N, to divide it by N)", file=sys.stderr)
+    report(records, steps, args.top)
     if not args.timeline and not args.keep:
         os.remove(path)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/kernel_timeline.py's reading of a recorded timeline, on made-up records (no GPU needed):
 only the marked part counts; a replayed graph's records are grouped by launch and the median
-replay is printed; eager records are divided by --steps; idle time is what no record covers
+replay is printed; eager records are divided by --steps (by default the command's own); idle time is what no record covers
 (records on two streams overlapping count once), and each gap is named by what ran before and
 after it; kernels of anonymous namespaces keep their own names."""
 import os
@@ -13,12 +13,12 @@ import tempfile
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "kernel_timeline.py")
 
 
-def run(lines, *args):
+def run(lines, *args, command=()):
     with tempfile.NamedTemporaryFile("w", suffix=".tsv", delete=False) as f:
         f.write("\n".join(lines) + "\n")
     try:
-        out = subprocess.run([sys.executable, SCRIPT, "--timeline", f.name, *args, "--"], capture_output=True,
-                             text=True)
+        out = subprocess.run([sys.executable, SCRIPT, "--timeline", f.name, *args, "--", *command],
+                             capture_output=True, text=True)
     finally:
         os.remove(f.name)
     if out.returncode != 0:
@@ -63,6 +63,10 @@ def eager_steps():
     out = run(lines, "--steps", "4")
     expect(out, "4 steps, eager: 2 kernels, memsets and copies a step",
            "something running 4.0 us, nothing running 0.9 us", "foo", "bar")
+    # Without --steps, the command's own (the timeline is read, not recorded: the command only counts).
+    for command in (["train_step", "--workload", "mlp", "--steps", "4"], ["train_step", "--steps=4"]):
+        expect(run(lines, command=command), "4 steps, eager: 2 kernels, memsets and copies a step")
+    expect(run(lines, command=["train_step"]), "1 step, eager: 8 kernels, memsets and copies a step")
 
 
 def anonymous_namespaces_keep_their_names():
