@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """bench/kernel_timeline.py's reading of a recorded timeline, on made-up records (no GPU needed):
 only the marked part counts; a replayed graph's records are grouped by launch and the median
-replay is printed; eager records are divided by --steps (by default the command's own); idle time is what no record covers
-(records on two streams overlapping count once), and each gap is named by what ran before and
-after it; kernels of anonymous namespaces keep their own names."""
+replay is printed; eager records are divided by --steps (by default the command's own); idle
+time is what no record covers (records on two streams overlapping count once), and each gap is
+named by what ran before and after it; kernels of anonymous namespaces keep their own names."""
 import os
 import shutil
 import subprocess
