@@ -16,11 +16,13 @@ bool launch_forward_none_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_bias_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_bias_gelu_aux_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_input_gradient_none_bf16(const Problem&, int, int, cudaStream_t);
+bool launch_input_gradient_dgelu_aux_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_weight_gradient_none_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_none_f16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_bias_f16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_bias_gelu_aux_f16(const Problem&, int, int, cudaStream_t);
 bool launch_input_gradient_none_f16(const Problem&, int, int, cudaStream_t);
+bool launch_input_gradient_dgelu_aux_f16(const Problem&, int, int, cudaStream_t);
 bool launch_weight_gradient_none_f16(const Problem&, int, int, cudaStream_t);
 
 namespace {
@@ -63,9 +65,11 @@ bool supported(const Problem& p) {
   const bool input_gradient = !p.a_transposed && !p.b_transposed;
   const bool weight_gradient = p.a_transposed && !p.b_transposed;
   if (!(forward || input_gradient || weight_gradient)) return false;
-  if (p.epilogue != Epilogue::none && !forward) return false;
-  if (p.epilogue != Epilogue::none && (p.bias == nullptr || !aligned(p.bias))) return false;
-  if (p.epilogue == Epilogue::bias_gelu_aux && (p.aux == nullptr || !aligned(p.aux))) return false;
+  const bool with_bias = p.epilogue == Epilogue::bias || p.epilogue == Epilogue::bias_gelu_aux;
+  if (with_bias && (!forward || p.bias == nullptr || !aligned(p.bias))) return false;
+  if (p.epilogue == Epilogue::dgelu_aux && !input_gradient) return false;
+  const bool with_aux = p.epilogue == Epilogue::bias_gelu_aux || p.epilogue == Epilogue::dgelu_aux;
+  if (with_aux && (p.aux == nullptr || !aligned(p.aux))) return false;
   if (!aligned(p.a) || !aligned(p.b) || !aligned(p.d)) return false;
   // Contiguous extents and leading dimensions in whole 16-byte units (TMA), leading dimensions
   // covering their rows.
@@ -94,6 +98,10 @@ bool run(const Problem& p, int variant, int device, cudaStream_t stream) {
     return (bf16 ? launch_weight_gradient_none_bf16 : launch_weight_gradient_none_f16)(p, variant, device, stream);
   }
   if (!p.b_transposed) {
+    if (p.epilogue == Epilogue::dgelu_aux) {
+      return (bf16 ? launch_input_gradient_dgelu_aux_bf16 : launch_input_gradient_dgelu_aux_f16)(p, variant, device,
+                                                                                                  stream);
+    }
     return (bf16 ? launch_input_gradient_none_bf16 : launch_input_gradient_none_f16)(p, variant, device, stream);
   }
   switch (p.epilogue) {
@@ -101,6 +109,7 @@ bool run(const Problem& p, int variant, int device, cudaStream_t stream) {
     case Epilogue::bias: return (bf16 ? launch_forward_bias_bf16 : launch_forward_bias_f16)(p, variant, device, stream);
     case Epilogue::bias_gelu_aux:
       return (bf16 ? launch_forward_bias_gelu_aux_bf16 : launch_forward_bias_gelu_aux_f16)(p, variant, device, stream);
+    case Epilogue::dgelu_aux: return false;  // the input gradient's only (supported() says so)
   }
   return false;
 }

@@ -19,9 +19,11 @@
 
 namespace tandem::cuda::sm90 {
 
-// What the kernel does after the product: nothing, + bias (n,) broadcast down the rows, or
-// pre = acc + bias stored to aux and D = gelu_tanh(pre) (the linear layer's GELU forward).
-enum class Epilogue { none, bias, bias_gelu_aux };
+// What the kernel does after the product: nothing, + bias (n,) broadcast down the rows,
+// pre = acc + bias stored to aux and D = gelu_tanh(pre) (the linear layer's GELU forward), or
+// D = gelu_tanh'(aux) * acc with aux (m, n) read (GELU's backward: the input gradient of the layer
+// after a GELU times the derivative at the pre-activation that the forward stored).
+enum class Epilogue { none, bias, bias_gelu_aux, dgelu_aux };
 
 // D (m, n) row-major with leading dimension ldd = A (m, k) @ B (k, n). A is stored row-major
 // (m, k) with leading dimension lda, or, when a_transposed, as its transpose (k, m) row-major;
@@ -56,8 +58,8 @@ bool available(int device);
 
 // Whether a kernel exists for p: 16-bit, m, n, k > 0, the operand layouts of a linear layer's
 // forward (A as stored, B transposed), input gradient (both as stored) or weight gradient (A
-// transposed), an epilogue only on the forward's, and 16-byte aligned pointers and leading
-// dimensions (TMA's rule).
+// transposed), the bias epilogues only on the forward's and dgelu_aux only on the input
+// gradient's, and 16-byte aligned pointers and leading dimensions (TMA's rule).
 bool supported(const Problem& p);
 
 // A variant for p without timing: config by the number of tiles, default raster order.

@@ -58,6 +58,12 @@ struct Fusion<Epilogue::bias_gelu_aux, T> {
                                                             cutlass::epilogue::thread::GELU_taylor, T, float, T, T>;
 };
 
+template <typename T>
+struct Fusion<Epilogue::dgelu_aux, T> {
+  using Op = cutlass::epilogue::fusion::LinCombDeEltAct<cutlass::layout::RowMajor, cutlass::epilogue::thread::dGELU, T,
+                                                        float, T>;
+};
+
 // gemm_sm90.h's configurations: tile, cluster and the kernel and epilogue schedules.
 template <int config>
 struct Config;
@@ -137,7 +143,11 @@ bool launch(const Problem& p, int variant, int device, cudaStream_t stream) {
   auto& fusion = args.epilogue.thread;
   fusion.alpha = 1.0f;
   fusion.beta = 0.0f;
-  if constexpr (epilogue != Epilogue::none) fusion.bias_ptr = static_cast<const T*>(p.bias);
+  if constexpr (epilogue == Epilogue::bias || epilogue == Epilogue::bias_gelu_aux) fusion.bias_ptr = static_cast<const T*>(p.bias);
+  if constexpr (epilogue == Epilogue::dgelu_aux) {
+    fusion.aux_ptr = static_cast<const T*>(p.aux);
+    fusion.dAux = leading_dimension<decltype(fusion.dAux)>(p.ldd);
+  }
   if constexpr (epilogue == Epilogue::bias_gelu_aux) {
     fusion.aux_ptr = static_cast<T*>(p.aux);
     fusion.dAux = leading_dimension<decltype(fusion.dAux)>(p.ldd);

@@ -16,9 +16,9 @@
 //   (core/cuda/bias_gradient.cu), which beat BGRADB on the weight gradient's matmul as well.
 // Algorithms come from the heuristic (or are timed: cuda::set_matmul_tuning) and are cached per
 // problem; a problem without an algorithm is reported (false) so the caller composes plain kernels
-// instead. On sm_90 the forward (bias and GELU epilogues) and the weight gradient without BGRADB
-// may run on tandem's CUTLASS kernels instead (gemm_sm90.h, cuda::gemm_kernels), which take the
-// row-major operands as they are.
+// instead. On sm_90 the forward (bias and GELU epilogues), the input gradient through GELU and the
+// weight gradient without BGRADB may run on tandem's CUTLASS kernels instead (gemm_sm90.h,
+// cuda::gemm_kernels), which take the row-major operands as they are.
 #include <tuple>
 
 #include "tandem/core/backend.h"
@@ -214,7 +214,17 @@ bool linear_backward_input_gelu(const Tensor& grad, const Tensor& weight, const 
   p.bias = nullptr;
   p.aux = pre.data_ptr();
   p.epilogue = CUBLASLT_EPILOGUE_DGELU;
-  return run(p);
+  // The same for gemm_sm90.h: d_pre (M, K) = g (M, N) @ W (N, K), both as stored, times gelu'(pre)
+  // with pre (M, K) read in the epilogue.
+  sm90::Problem s;
+  s.dtype = grad.dtype();
+  s.m = m, s.n = k, s.k = n;
+  s.a = grad.data_ptr(), s.lda = n;
+  s.b = weight.data_ptr(), s.ldb = k;
+  s.d = grad_pre.data_ptr(), s.ldd = k;
+  s.epilogue = sm90::Epilogue::dgelu_aux;
+  s.aux = pre.data_ptr();
+  return run(p, &s);
 }
 
 }  // namespace tandem::cuda

@@ -2,7 +2,8 @@
 // on tandem's sm_90 kernels where those have one (the forward with its bias and GELU epilogues, the
 // input and weight gradients), the variant timed (MatmulTuning::all) or not (none); with
 // `cublaslt` on cuBLASLt. Either way a two-layer GELU MLP's output and gradients match the CPU in
-// f64 on fresh random inputs, and a second run gives the same bits (a problem keeps its choice).
+// f64 on fresh random inputs, and a second run gives the same bits (a problem keeps its choice); so
+// does gelu_mlp at 4096 rows and more, whose input gradient through GELU is one product.
 // On a GPU other than sm_90, or in a build without CUTLASS, both settings run cuBLASLt. The shapes
 // are this file's own, so that no earlier test of the process has already fixed their choices.
 #include "support/test_util.h"
@@ -30,7 +31,14 @@ struct Setting {
   cuda::MatmulTuning tuning_before = cuda::matmul_tuning();
 };
 
-void check_mlp(int64_t rows, int64_t width, int64_t hidden, DType dtype) {
+// The two layers as linear ops, or as gelu_mlp (fused: from 4096 rows its input gradient through
+// GELU is one product with GELU's backward in the epilogue).
+Tensor mlp(const std::vector<Tensor>& p, bool fused) {
+  if (fused) return gelu_mlp(p[0], p[1], p[2], p[3], p[4]);
+  return linear(linear(p[0], p[1], p[2], Activation::gelu_tanh), p[3], p[4]);
+}
+
+void check_mlp(int64_t rows, int64_t width, int64_t hidden, DType dtype, bool fused = false) {
   const double tol = dtype == DType::bf16 ? 3e-2 : 5e-3;
   Tensor x = random_exact_in({rows, width}, -1.0, 1.0, dtype);
   Tensor fc_w = random_exact_in({hidden, width}, -0.2, 0.2, dtype), fc_b = random_exact_in({hidden}, -0.5, 0.5, dtype);
@@ -45,7 +53,7 @@ void check_mlp(int64_t rows, int64_t width, int64_t hidden, DType dtype) {
   for (int run = 0; run < 2; ++run) {
     std::vector<Tensor> gpu;
     for (const Tensor& t : cpu) gpu.push_back(on_gpu_as(t.detach(), dtype).requires_grad_());
-    Tensor got = linear(linear(gpu[0], gpu[1], gpu[2], Activation::gelu_tanh), gpu[3], gpu[4]);
+    Tensor got = mlp(gpu, fused);
     sum(mul(to(got, DType::f32), to(on_gpu_as(direction, dtype), DType::f32))).backward();
     std::vector<Tensor> results{on_cpu_f64(got)};
     for (const Tensor& t : gpu) results.push_back(on_cpu_f64(t.grad()));
@@ -76,6 +84,26 @@ TEST(GemmKernels, EachSettingMatchesTheCpuAndKeepsItsChoice) {
                      << (tuning == cuda::MatmulTuning::all ? "timed" : "untimed") << ", " << dtype_name(dtype));
         rows += 8;
         check_mlp(rows, 88, 264, dtype);
+      }
+    }
+  }
+}
+
+// gelu_mlp from 4096 rows: the input gradient through GELU runs as one product with GELU's
+// backward in its epilogue, on tandem's kernel (`cutlass`) or cuBLASLt's DGELU.
+TEST(GemmKernels, GeluMlpAtManyRowsMatchesTheCpuInEachSetting) {
+  TANDEM_REQUIRE_CUDA();
+  ASSERT_FALSE(are_deterministic_algorithms_enabled());
+  int64_t width = 40;  // a new width per case: fresh problems
+  for (cuda::GemmKernels kernels : {cuda::GemmKernels::cutlass, cuda::GemmKernels::cublaslt}) {
+    for (cuda::MatmulTuning tuning : {cuda::MatmulTuning::all, cuda::MatmulTuning::none}) {
+      Setting setting(kernels, tuning);
+      for (DType dtype : {DType::bf16, DType::f16}) {
+        SCOPED_TRACE(::testing::Message()
+                     << (kernels == cuda::GemmKernels::cutlass ? "cutlass" : "cublaslt") << ", "
+                     << (tuning == cuda::MatmulTuning::all ? "timed" : "untimed") << ", " << dtype_name(dtype));
+        width += 8;
+        check_mlp(4104, width, 136, dtype, /*fused=*/true);
       }
     }
   }

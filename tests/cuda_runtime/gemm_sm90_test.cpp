@@ -1,9 +1,9 @@
 // tandem's CUTLASS products for sm_90 (core/cuda/gemm_sm90.h): every kernel kind (the linear
 // layer's forward with no epilogue, with a bias, and with a bias and GELU storing the
-// pre-activation; the input gradient; the weight gradient), in bf16 and f16, in every variant,
-// against the CPU in f64 on fresh random inputs of 16-bit values, on shapes that leave partial tiles
-// and rows longer than the matrix; and the problems that have no kernel. Skips without an sm_90
-// GPU or in a build without CUTLASS's headers.
+// pre-activation; the input gradient, plain and through GELU's backward; the weight gradient), in
+// bf16 and f16, in every variant, against the CPU in f64 on fresh random inputs of 16-bit values,
+// on shapes that leave partial tiles and rows longer than the matrix; and the problems that have no
+// kernel. Skips without an sm_90 GPU or in a build without CUTLASS's headers.
 #include <cuda_runtime.h>
 
 #include "support/test_util.h"
@@ -11,6 +11,7 @@
 #include "tandem/core/copy.h"
 #include "tandem/core/cuda/gemm_sm90.h"
 #include "tandem/core/cuda/runtime.h"
+#include "tandem/core/elementwise.h"
 
 namespace tandem::cuda::sm90 {
 namespace {
@@ -101,6 +102,22 @@ TEST(GemmSm90, GradientProductsMatchTheCpu) {
       check_every_variant(p, out, matmul(narrow(g_wide, 1, 0, k), w));
     }
     {
+      SCOPED_TRACE("input gradient through GELU: gelu_tanh'(pre) * (g @ w), pre read in the epilogue");
+      Tensor g = random_exact_in({m, k}, -1.0, 1.0, dtype), w = random_exact_in({k, n}, -0.2, 0.2, dtype);
+      Tensor pre = random_exact_in({m, n}, -3.0, 3.0, dtype);
+      Tensor gg = on_gpu_as(g, dtype), gw = on_gpu_as(w, dtype), gpre = on_gpu_as(pre, dtype);
+      Tensor out = empty({m, n}, TensorOptions(dtype, Device("cuda")));  // (m, n)
+      Problem p;
+      p.dtype = dtype;
+      p.m = m, p.n = n, p.k = k;
+      p.a = gg.data_ptr(), p.lda = k;
+      p.b = gw.data_ptr(), p.ldb = n;
+      p.d = out.data_ptr(), p.ldd = n;
+      p.epilogue = Epilogue::dgelu_aux;
+      p.aux = gpre.data_ptr();
+      check_every_variant(p, out, kernels::unary_backward(UnaryOp::gelu_tanh, matmul(g, w), pre));
+    }
+    {
       SCOPED_TRACE("weight gradient");
       Tensor g = random_exact_in({k, m}, -1.0, 1.0, dtype),
              x = random_exact_in({k, n}, -1.0, 1.0, dtype);  // k is the batch
@@ -143,7 +160,16 @@ TEST(GemmSm90, ProblemsWithoutAKernel) {
   q.b_transposed = false;
   q.epilogue = Epilogue::bias;
   q.bias = buffer.data_ptr();
-  EXPECT_FALSE(supported(q)) << "an epilogue on the input gradient";
+  EXPECT_FALSE(supported(q)) << "a bias epilogue on the input gradient";
+  q.epilogue = Epilogue::dgelu_aux;
+  q.aux = buffer.data_ptr();
+  EXPECT_TRUE(supported(q)) << "GELU's backward on the input gradient";
+  q.aux = nullptr;
+  EXPECT_FALSE(supported(q)) << "GELU's backward without the pre-activation";
+  q = p;
+  q.epilogue = Epilogue::dgelu_aux;
+  q.aux = buffer.data_ptr();
+  EXPECT_FALSE(supported(q)) << "GELU's backward on the forward";
   q = p;
   q.epilogue = Epilogue::bias;
   EXPECT_FALSE(supported(q)) << "a bias epilogue without a bias";
