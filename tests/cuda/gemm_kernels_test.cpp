@@ -6,6 +6,8 @@
 // does gelu_mlp at 4096 rows and more, whose input gradient through GELU is one product.
 // On a GPU other than sm_90, or in a build without CUTLASS, both settings run cuBLASLt. The shapes
 // are this file's own, so that no earlier test of the process has already fixed their choices.
+#include <functional>
+
 #include "support/test_util.h"
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/determinism.h"
@@ -71,10 +73,8 @@ void check_mlp(int64_t rows, int64_t width, int64_t hidden, DType dtype, bool fu
   }
 }
 
-TEST(GemmKernels, EachSettingMatchesTheCpuAndKeepsItsChoice) {
-  TANDEM_REQUIRE_CUDA();
-  ASSERT_FALSE(are_deterministic_algorithms_enabled());
-  int64_t rows = 136;  // a new width per case: fresh problems
+// Runs check(dtype) in bf16 and f16 under each setting: tandem's kernels or cuBLASLt, timed or not.
+void for_each_setting(const std::function<void(DType)>& check) {
   for (cuda::GemmKernels kernels : {cuda::GemmKernels::cutlass, cuda::GemmKernels::cublaslt}) {
     for (cuda::MatmulTuning tuning : {cuda::MatmulTuning::all, cuda::MatmulTuning::none}) {
       Setting setting(kernels, tuning);
@@ -82,11 +82,20 @@ TEST(GemmKernels, EachSettingMatchesTheCpuAndKeepsItsChoice) {
         SCOPED_TRACE(::testing::Message()
                      << (kernels == cuda::GemmKernels::cutlass ? "cutlass" : "cublaslt") << ", "
                      << (tuning == cuda::MatmulTuning::all ? "timed" : "untimed") << ", " << dtype_name(dtype));
-        rows += 8;
-        check_mlp(rows, 88, 264, dtype);
+        check(dtype);
       }
     }
   }
+}
+
+TEST(GemmKernels, EachSettingMatchesTheCpuAndKeepsItsChoice) {
+  TANDEM_REQUIRE_CUDA();
+  ASSERT_FALSE(are_deterministic_algorithms_enabled());
+  int64_t rows = 136;  // a new row count per case: fresh problems
+  for_each_setting([&](DType dtype) {
+    rows += 8;
+    check_mlp(rows, 88, 264, dtype);
+  });
 }
 
 // gelu_mlp from 4096 rows: the input gradient through GELU runs as one product with GELU's
@@ -95,18 +104,10 @@ TEST(GemmKernels, GeluMlpAtManyRowsMatchesTheCpuInEachSetting) {
   TANDEM_REQUIRE_CUDA();
   ASSERT_FALSE(are_deterministic_algorithms_enabled());
   int64_t width = 40;  // a new width per case: fresh problems
-  for (cuda::GemmKernels kernels : {cuda::GemmKernels::cutlass, cuda::GemmKernels::cublaslt}) {
-    for (cuda::MatmulTuning tuning : {cuda::MatmulTuning::all, cuda::MatmulTuning::none}) {
-      Setting setting(kernels, tuning);
-      for (DType dtype : {DType::bf16, DType::f16}) {
-        SCOPED_TRACE(::testing::Message()
-                     << (kernels == cuda::GemmKernels::cutlass ? "cutlass" : "cublaslt") << ", "
-                     << (tuning == cuda::MatmulTuning::all ? "timed" : "untimed") << ", " << dtype_name(dtype));
-        width += 8;
-        check_mlp(4104, width, 136, dtype, /*fused=*/true);
-      }
-    }
-  }
+  for_each_setting([&](DType dtype) {
+    width += 8;
+    check_mlp(4104, width, 136, dtype, /*fused=*/true);
+  });
 }
 
 }  // namespace
