@@ -99,8 +99,8 @@ bool run(const Problem& p, int variant, int device, cudaStream_t stream) {
   }
   if (!p.b_transposed) {
     if (p.epilogue == Epilogue::dgelu_aux) {
-      return (bf16 ? launch_input_gradient_dgelu_aux_bf16 : launch_input_gradient_dgelu_aux_f16)(p, variant, device,
-                                                                                                  stream);
+      auto launch = bf16 ? launch_input_gradient_dgelu_aux_bf16 : launch_input_gradient_dgelu_aux_f16;
+      return launch(p, variant, device, stream);
     }
     return (bf16 ? launch_input_gradient_none_bf16 : launch_input_gradient_none_f16)(p, variant, device, stream);
   }

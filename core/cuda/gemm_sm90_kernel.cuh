@@ -143,13 +143,12 @@ bool launch(const Problem& p, int variant, int device, cudaStream_t stream) {
   auto& fusion = args.epilogue.thread;
   fusion.alpha = 1.0f;
   fusion.beta = 0.0f;
-  if constexpr (epilogue == Epilogue::bias || epilogue == Epilogue::bias_gelu_aux) fusion.bias_ptr = static_cast<const T*>(p.bias);
-  if constexpr (epilogue == Epilogue::dgelu_aux) {
-    fusion.aux_ptr = static_cast<const T*>(p.aux);
-    fusion.dAux = leading_dimension<decltype(fusion.dAux)>(p.ldd);
+  if constexpr (epilogue == Epilogue::bias || epilogue == Epilogue::bias_gelu_aux) {
+    fusion.bias_ptr = static_cast<const T*>(p.bias);
   }
-  if constexpr (epilogue == Epilogue::bias_gelu_aux) {
-    fusion.aux_ptr = static_cast<T*>(p.aux);
+  // aux (m, n) with D's leading dimension: written by the GELU forward, read by GELU's backward.
+  if constexpr (epilogue == Epilogue::bias_gelu_aux || epilogue == Epilogue::dgelu_aux) {
+    fusion.aux_ptr = static_cast<decltype(fusion.aux_ptr)>(p.aux);
     fusion.dAux = leading_dimension<decltype(fusion.dAux)>(p.ldd);
   }
   int sm_count = 0;
