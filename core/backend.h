@@ -147,8 +147,11 @@ bool linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
 bool linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight, const Tensor& grad_bias);
 // grad_pre (M, K) = gelu_tanh'(pre (M, K)) * (grad (M, N) @ weight (N, K)): the input gradient of a
 // linear layer whose input was gelu_tanh(pre), GELU's backward in the matmul's DGELU epilogue
-// (K % 8 == 0).
-bool linear_backward_input_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre, const Tensor& grad_pre);
+// (K % 8 == 0). Given grad_bias (K,), where the product runs on tandem's sm_90 kernel (timed faster
+// than cuBLASLt's DGELU; K a multiple of 256) that kernel also sums grad_pre's columns into it (the
+// bias gradient of pre's layer) and *bias_summed says so; elsewhere grad_bias is left alone.
+bool linear_backward_input_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre, const Tensor& grad_pre,
+                                const Tensor& grad_bias = Tensor(), bool* bias_summed = nullptr);
 // grad_pre (M, N) = gelu_tanh'(pre (M, N)) * grad (M, N), as unary_backward computes it, and
 // column_sum (N,) = grad_pre's column sums (the bias gradient of the linear layer that made pre),
 // in one pass (core/cuda/bias_gradient.cu). All contiguous, in one floating dtype.
@@ -156,6 +159,10 @@ void gelu_backward_column_sums(const Tensor& grad, const Tensor& pre, const Tens
 // column_sum (N,) = grad (M, N)'s column sums (the bias gradient of a linear layer without an
 // activation), the same way (core/cuda/bias_gradient.cu). Contiguous, in one floating dtype.
 void column_sums(const Tensor& grad, const Tensor& column_sum);
+// column_sum (N,) in its floating dtype = the column sums of partial (parts, N) f32, the partial rows
+// a kernel wrote, added in row order (core/cuda/partial_rows.cuh; inside backward, with the pass's
+// other column sums). Both contiguous.
+void add_partial_rows(const Tensor& partial, const Tensor& column_sum);
 
 // cuDNN's fused flash attention (core/cuda/cudnn_attention.cpp; where tandem was built without
 // cuDNN's frontend headers, fused_attention_supported says false and the passes throw).

@@ -145,7 +145,7 @@ MatmulTuning matmul_tuning();
 //   cuBLASLt.
 // - cublaslt: cuBLASLt only.
 // - cutlass: tandem's CUTLASS kernels wherever they have one for the product (the fastest variant
-//   where timed), cuBLASLt elsewhere (GELU's backward, batched products, f32, unaligned operands).
+//   where timed), cuBLASLt elsewhere (batched products, f32, unaligned operands).
 // Starts from TANDEM_GEMM=auto|cublaslt|cutlass (read on first use; otherwise automatic). A problem
 // keeps the kernel chosen the first time it met the current setting.
 enum class GemmKernels { automatic, cublaslt, cutlass };

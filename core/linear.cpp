@@ -171,23 +171,31 @@ bool input_gelu_in_epilogue(const Tensor& grad_out, const Tensor& weight) {
   return half && m >= kDgeluMinRows && fused_on_cuda(grad_out, k, Activation::gelu_tanh) && n > 0;
 }
 
-Tensor linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre) {
+LinearActivationGrads linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre,
+                                                 bool need_bias) {
   const int64_t n = weight.shape()[0], k = weight.shape()[1];
-  TANDEM_CHECK_AS(ValueError, grad_out.dim() >= 1 && grad_out.shape().back() == n, "linear_backward_input_gelu: grad_out ",
-                  shape_str(grad_out.shape()), " must end in out_features ", n);
+  TANDEM_CHECK_AS(ValueError, grad_out.dim() >= 1 && grad_out.shape().back() == n,
+                  "linear_backward_input_gelu: grad_out ", shape_str(grad_out.shape()), " must end in out_features ",
+                  n);
   TANDEM_CHECK_AS(ValueError, pre.defined() && pre.shape() == output_shape(grad_out, k),
                   "linear_backward_input_gelu: the pre-activation must be shaped ",
                   shape_str(output_shape(grad_out, k)));
   Tensor g = as_matrix(grad_out);  // (M, N)
   const int64_t m = g.shape()[0];
+  LinearActivationGrads result;
   if (input_gelu_in_epilogue(grad_out, weight)) {
-    Tensor d_pre = empty({m, k}, g.options());  // (M, K)
-    if (cuda::linear_backward_input_gelu(g, contiguous(weight), as_matrix(pre), d_pre)) {
-      return views::reshape(d_pre, pre.shape());
+    Tensor d_pre = empty({m, k}, g.options());                     // (M, K)
+    Tensor bias = need_bias ? empty({k}, g.options()) : Tensor();  // (K,)
+    bool bias_summed = false;
+    if (cuda::linear_backward_input_gelu(g, contiguous(weight), as_matrix(pre), d_pre, bias, &bias_summed)) {
+      result.grad = views::reshape(d_pre, pre.shape());
+      if (bias_summed) result.bias = bias;
+      return result;
     }
   }
   Tensor d_pre = unary_backward(UnaryOp::gelu_tanh, matmul(g, weight), as_matrix(pre));  // (M, N) @ (N, K)
-  return views::reshape(d_pre, pre.shape());
+  result.grad = views::reshape(d_pre, pre.shape());
+  return result;
 }
 
 }  // namespace tandem::kernels

@@ -55,10 +55,13 @@ LinearGrads linear_backward_weight(const Tensor& grad, const Tensor& x, const Te
 bool weight_gradient_first(const Tensor& grad_out, const Tensor& weight);
 
 // The input gradient of a linear layer whose input was gelu_tanh(pre), for the two-layer GELU MLP:
-// grad_out (..., N), weight (N, K), pre (..., K) -> d pre (..., K). One product with GELU's backward
-// in its epilogue (cuBLASLt's DGELU, or on sm_90 tandem's CUTLASS kernel where timed faster) where
-// input_gelu_in_epilogue says so; elsewhere matmul and gelu's backward.
-Tensor linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre);
+// grad_out (..., N), weight (N, K), pre (..., K) -> .grad = d pre (..., K). One product with GELU's
+// backward in its epilogue (cuBLASLt's DGELU, or on sm_90 tandem's CUTLASS kernel where timed
+// faster) where input_gelu_in_epilogue says so; elsewhere matmul and gelu's backward. With
+// need_bias, .bias (K,) is d pre's column sums (the bias gradient of pre's layer) where the
+// product's epilogue summed them (tandem's sm_90 kernel), else undefined: the caller sums them.
+LinearActivationGrads linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre,
+                                                 bool need_bias = false);
 // Whether linear_backward_input_gelu runs GELU's backward in the matmul's epilogue: on CUDA, in
 // bf16 and f16, from 4096 rows. Elsewhere a caller that also wants the bias gradient of pre's layer
 // does better with linear_backward(grad of gelu(pre), ..., Activation::gelu_tanh, ...), which on

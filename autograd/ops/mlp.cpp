@@ -1,10 +1,11 @@
 // The transformer's two-layer GELU MLP as one differentiable op:
 //   pre = x W_fc^T + b_fc, h = gelu_tanh(pre), y = h W_proj^T + b_proj.
 // Backward, from g = dy: d pre = gelu'(pre) * (g W_proj), in one matmul with the DGELU epilogue in
-// 16 bits from 4096 rows on CUDA, else as the linear op does it (the matmul, then GELU's backward
+// 16 bits from 4096 rows on CUDA (on sm_90, where tandem's kernel runs it, with fc's bias gradient
+// summed in the same epilogue), else as the linear op does it (the matmul, then GELU's backward
 // with fc's bias gradient in one pass on CUDA); then fc's input gradient from d pre. The bias
-// gradients are column sums of g and d pre (on CUDA in one pass over each, where GELU's pass did
-// not sum fc's: core/cuda/bias_gradient.cu); the two weight gradients (dW_proj = g^T h and dW_fc =
+// gradients are column sums of g and d pre (on CUDA in one pass over each, where no epilogue or
+// GELU's pass summed fc's: core/cuda/bias_gradient.cu); the two weight gradients (dW_proj = g^T h and dW_fc =
 // d pre^T x) run beside the rest of backward (autograd/side_stream.h). Saved: x, pre and h, as the
 // two linear ops would keep them.
 #include "tandem/autograd/node.h"
@@ -41,8 +42,11 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
         kernels::LinearActivationGrads fc_a;
         if (need_pre) {
           if (kernels::input_gelu_in_epilogue(g, s_proj_w)) {
-            fc_a = kernels::linear_backward_activation(kernels::linear_backward_input_gelu(g, s_proj_w, pre), Tensor(),
-                                                       Activation::none, need_fc_b);
+            // fc's bias gradient from the product's epilogue where it can, else in a pass of its own
+            kernels::LinearActivationGrads through = kernels::linear_backward_input_gelu(g, s_proj_w, pre, need_fc_b);
+            fc_a = kernels::linear_backward_activation(through.grad, Tensor(), Activation::none,
+                                                       need_fc_b && !through.bias.defined());
+            if (through.bias.defined()) fc_a.bias = through.bias;
           } else {
             Tensor dh = kernels::linear_backward_input(g2, s_proj_w, pre.shape());  // (..., H)
             fc_a = kernels::linear_backward_activation(dh, pre, Activation::gelu_tanh, need_fc_b);

@@ -137,4 +137,20 @@ void column_sums(const Tensor& grad, const Tensor& column_sum) {
                     [&](auto tag) { column_sums_typed<device_t<decltype(tag)>>(grad, nullptr, nullptr, column_sum); });
 }
 
+void add_partial_rows(const Tensor& partial, const Tensor& column_sum) {
+  TANDEM_CHECK(partial.dtype() == DType::f32 && partial.dim() == 2 && partial.is_contiguous() &&
+                   column_sum.is_contiguous() && partial.shape()[1] == column_sum.numel(),
+               "add_partial_rows: partial rows (parts, N) f32 and a contiguous (N,) output, got ",
+               shape_str(partial.shape()), " ", dtype_name(partial.dtype()), " and ", shape_str(column_sum.shape()));
+  dispatch_floating(column_sum.dtype(), "add_partial_rows", "cuda", [&](auto tag) {
+    using T = device_t<decltype(tag)>;
+    NvtxRange range("add_partial_rows");
+    const int device = column_sum.device().index;
+    DeviceGuard guard(device);
+    PartialRowSums<float, T> sums;
+    sums.add(partial, column_sum);
+    sums.launch(device, stream_of(column_sum));
+  });
+}
+
 }  // namespace tandem::cuda

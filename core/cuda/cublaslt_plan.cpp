@@ -155,7 +155,7 @@ bool same_algorithm(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y
 
 Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
                           const Alignments& alignments, double flops, const Launch& launch, const std::string& what,
-                          const sm90::Problem* sm90_problem) {
+                          const sm90::Problem* sm90_problem, const std::function<bool()>& sm90_saves) {
   const cudaStream_t stream = current_stream(device);
   const MatmulTuning mode = tuning;
   const bool wanted = mode == MatmulTuning::all || (mode == MatmulTuning::large && flops >= kTunedMatmulMinFlops);
@@ -226,10 +226,13 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
   std::string sm90_times;
   const std::pair<int, double> sm90_best =
       sm90_wanted ? time_sm90(*sm90_problem, device, stream, flush, &sm90_times) : std::pair<int, double>{-1, -1.0};
+  // The pass cuBLASLt's result still needs, where gemm_sm90.h's kernel does it in its epilogue.
+  const double saved_ms = sm90_best.first >= 0 && sm90_saves ? std::max(0.0, time_runs(sm90_saves, stream, flush)) : 0;
   if (sm90_best.first >= 0) {
-    // cuBLASLt's best as choose_timed_candidate charged it; CUTLASS's replaces it where 2% faster.
+    // cuBLASLt's best as choose_timed_candidate charged it, plus that pass; CUTLASS's replaces it
+    // where 2% faster.
     const double lt_charged =
-        best < 0 ? 0.0 : timed[best].ms + (timed[best].workspace_bytes > 0 ? kWorkspaceChargeMs : 0.0);
+        best < 0 ? 0.0 : timed[best].ms + (timed[best].workspace_bytes > 0 ? kWorkspaceChargeMs : 0.0) + saved_ms;
     if (sm90_forced || best < 0 || sm90_best.second < 0.98 * lt_charged) h.sm90_variant = sm90_best.first;
   } else if (sm90_forced) {
     h.sm90_variant = sm90::default_variant(*sm90_problem, device);
@@ -240,11 +243,14 @@ Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, c
                  : detail::concat("candidate #", best, " of ", candidates.size(), ", ", describe(candidates[best].algo),
                                   ", workspace ", h.workspace_bytes);
     if (h.sm90_variant >= 0) {
-      std::fprintf(stderr, "[tandem matmul] %s: %s (%s); cuBLASLt's best: %s (%s)\n", what.c_str(),
-                   sm90::variant_name(h.sm90_variant).c_str(), sm90_times.c_str(), lt_choice.c_str(), times.c_str());
+      std::fprintf(
+          stderr, "[tandem matmul] %s: %s (%s); cuBLASLt's best: %s (%s)%s\n", what.c_str(),
+          sm90::variant_name(h.sm90_variant).c_str(), sm90_times.c_str(), lt_choice.c_str(), times.c_str(),
+          sm90_saves ? detail::concat(", plus the pass the kernel saves: ", saved_ms * 1e3, " us").c_str() : "");
     } else {
-      std::fprintf(stderr, "[tandem matmul] %s: cuBLASLt %s (%s)%s%s\n", what.c_str(), lt_choice.c_str(), times.c_str(),
-                   sm90_wanted ? "; CUTLASS sm90: " : "", sm90_times.c_str());
+      std::fprintf(stderr, "[tandem matmul] %s: cuBLASLt %s (%s)%s%s%s\n", what.c_str(), lt_choice.c_str(),
+                   times.c_str(), sm90_wanted ? "; CUTLASS sm90: " : "", sm90_times.c_str(),
+                   sm90_saves ? detail::concat("; the pass the kernel saves: ", saved_ms * 1e3, " us").c_str() : "");
     }
   }
   return h;
@@ -264,11 +270,12 @@ int choose_timed_candidate(const std::vector<TimedCandidate>& candidates) {
   return best;
 }
 
-cublasStatus_t run_choice(const Heuristic& h, const Launch& launch, Device device, const sm90::Problem* sm90_problem) {
-  if (h.sm90_variant >= 0 && sm90_problem != nullptr &&
-      sm90::run(*sm90_problem, h.sm90_variant, device.index, current_stream(device.index))) {
-    return CUBLAS_STATUS_SUCCESS;
-  }
+cublasStatus_t run_choice(const Heuristic& h, const Launch& launch, Device device, const sm90::Problem* sm90_problem,
+                          bool* ran_sm90) {
+  const bool sm90_ran = h.sm90_variant >= 0 && sm90_problem != nullptr &&
+                        sm90::run(*sm90_problem, h.sm90_variant, device.index, current_stream(device.index));
+  if (ran_sm90) *ran_sm90 = sm90_ran;
+  if (sm90_ran) return CUBLAS_STATUS_SUCCESS;
   if (!h.found) return CUBLAS_STATUS_NOT_SUPPORTED;
   return launch_with_workspace(h, launch, device);
 }

@@ -46,10 +46,13 @@ constexpr int kTunedCandidates = 8;
 // `sm90_problem` (or null) is the same problem for gemm_sm90.h. Where cuda::gemm_kernels() allows
 // and the problem has a kernel there, its variants are timed the same way and the fastest replaces
 // cuBLASLt's choice where at least 2% faster (as charged above); untimed, they run only when
-// gemm_kernels() is `cutlass` (in sm90::default_variant).
+// gemm_kernels() is `cutlass` (in sm90::default_variant). `sm90_saves` (or empty) runs once the
+// pass that gemm_sm90.h's kernel makes unnecessary (its epilogue does that work, cuBLASLt's does
+// not); it is timed the same way and charged to cuBLASLt's candidates in that comparison.
 Heuristic query_heuristic(int device, const MatmulDesc& desc, const Layout& a, const Layout& b, const Layout& d,
                           const Alignments& alignments, double flops, const Launch& launch, const std::string& what,
-                          const sm90::Problem* sm90_problem = nullptr);
+                          const sm90::Problem* sm90_problem = nullptr,
+                          const std::function<bool()>& sm90_saves = nullptr);
 
 // A candidate that needs a workspace is charged this on top of its timed median: the eager cost of
 // the memset cuBLASLt issues before it (about 2.6 us on an H200 with the launch gaps around it),
@@ -75,8 +78,9 @@ cublasStatus_t launch_with_workspace(const Heuristic& h, const Launch& launch, D
 
 // Runs the problem as h says: gemm_sm90.h's kernel where h chose one (sm90_problem is then the problem),
 // else cuBLASLt's algorithm as launch_with_workspace does. CUBLAS_STATUS_NOT_SUPPORTED where
-// neither has one.
-cublasStatus_t run_choice(const Heuristic& h, const Launch& launch, Device device, const sm90::Problem* sm90_problem);
+// neither has one. `ran_sm90` (or null) says whether gemm_sm90.h's kernel ran (in h.sm90_variant).
+cublasStatus_t run_choice(const Heuristic& h, const Launch& launch, Device device, const sm90::Problem* sm90_problem,
+                          bool* ran_sm90 = nullptr);
 
 // Heuristic answers per problem key; thread-safe.
 template <typename Key>

@@ -17,12 +17,14 @@ bool launch_forward_bias_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_bias_gelu_aux_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_input_gradient_none_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_input_gradient_dgelu_aux_bf16(const Problem&, int, int, cudaStream_t);
+bool launch_input_gradient_dgelu_aux_bias_partials_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_weight_gradient_none_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_none_f16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_bias_f16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_bias_gelu_aux_f16(const Problem&, int, int, cudaStream_t);
 bool launch_input_gradient_none_f16(const Problem&, int, int, cudaStream_t);
 bool launch_input_gradient_dgelu_aux_f16(const Problem&, int, int, cudaStream_t);
+bool launch_input_gradient_dgelu_aux_bias_partials_f16(const Problem&, int, int, cudaStream_t);
 bool launch_weight_gradient_none_f16(const Problem&, int, int, cudaStream_t);
 
 namespace {
@@ -67,9 +69,14 @@ bool supported(const Problem& p) {
   if (!(forward || input_gradient || weight_gradient)) return false;
   const bool with_bias = p.epilogue == Epilogue::bias || p.epilogue == Epilogue::bias_gelu_aux;
   if (with_bias && (!forward || p.bias == nullptr || !aligned(p.bias))) return false;
-  if (p.epilogue == Epilogue::dgelu_aux && !input_gradient) return false;
-  const bool with_aux = p.epilogue == Epilogue::bias_gelu_aux || p.epilogue == Epilogue::dgelu_aux;
+  const bool dgelu = p.epilogue == Epilogue::dgelu_aux || p.epilogue == Epilogue::dgelu_aux_bias_partials;
+  if (dgelu && !input_gradient) return false;
+  const bool with_aux = p.epilogue == Epilogue::bias_gelu_aux || dgelu;
   if (with_aux && (p.aux == nullptr || !aligned(p.aux))) return false;
+  if (p.epilogue == Epilogue::dgelu_aux_bias_partials &&
+      (p.bias_partials == nullptr || !aligned(p.bias_partials) || p.n % 256 != 0)) {
+    return false;
+  }
   if (!aligned(p.a) || !aligned(p.b) || !aligned(p.d)) return false;
   // Contiguous extents and leading dimensions in whole 16-byte units (TMA), leading dimensions
   // covering their rows.
@@ -80,9 +87,7 @@ bool supported(const Problem& p) {
   return p.lda >= a_row && p.ldb >= b_row && p.ldd >= p.n;
 }
 
-bool launch_as_dependent(int device) {
-  return dependent_launch_enabled(device) && !is_capturing();
-}
+bool launch_as_dependent(int device) { return dependent_launch_enabled(device) && !is_capturing(); }
 
 int default_variant(const Problem& p, int device) {
   const int64_t sms = sm_count(device);
@@ -102,6 +107,11 @@ bool run(const Problem& p, int variant, int device, cudaStream_t stream) {
       auto launch = bf16 ? launch_input_gradient_dgelu_aux_bf16 : launch_input_gradient_dgelu_aux_f16;
       return launch(p, variant, device, stream);
     }
+    if (p.epilogue == Epilogue::dgelu_aux_bias_partials) {
+      auto launch =
+          bf16 ? launch_input_gradient_dgelu_aux_bias_partials_bf16 : launch_input_gradient_dgelu_aux_bias_partials_f16;
+      return launch(p, variant, device, stream);
+    }
     return (bf16 ? launch_input_gradient_none_bf16 : launch_input_gradient_none_f16)(p, variant, device, stream);
   }
   switch (p.epilogue) {
@@ -109,7 +119,8 @@ bool run(const Problem& p, int variant, int device, cudaStream_t stream) {
     case Epilogue::bias: return (bf16 ? launch_forward_bias_bf16 : launch_forward_bias_f16)(p, variant, device, stream);
     case Epilogue::bias_gelu_aux:
       return (bf16 ? launch_forward_bias_gelu_aux_bf16 : launch_forward_bias_gelu_aux_f16)(p, variant, device, stream);
-    case Epilogue::dgelu_aux: return false;  // the input gradient's only (supported() says so)
+    case Epilogue::dgelu_aux:
+    case Epilogue::dgelu_aux_bias_partials: return false;  // the input gradient's only (supported() says so)
   }
   return false;
 }

@@ -22,8 +22,10 @@ namespace tandem::cuda::sm90 {
 // What the kernel does after the product: nothing, + bias (n,) broadcast down the rows,
 // pre = acc + bias stored to aux and D = gelu_tanh(pre) (the linear layer's GELU forward), or
 // D = gelu_tanh'(aux) * acc with aux (m, n) read (GELU's backward: the input gradient of the layer
-// after a GELU times the derivative at the pre-activation that the forward stored).
-enum class Epilogue { none, bias, bias_gelu_aux, dgelu_aux };
+// after a GELU times the derivative at the pre-activation that the forward stored), and that with
+// the column sums of D as stored, one partial row per tile of rows (the bias gradient of the layer
+// that made aux, which sum_partial_rows finishes: bias_partial_rows).
+enum class Epilogue { none, bias, bias_gelu_aux, dgelu_aux, dgelu_aux_bias_partials };
 
 // D (m, n) row-major with leading dimension ldd = A (m, k) @ B (k, n). A is stored row-major
 // (m, k) with leading dimension lda, or, when a_transposed, as its transpose (k, m) row-major;
@@ -42,6 +44,10 @@ struct Problem {
   Epilogue epilogue = Epilogue::none;
   const void* bias = nullptr;
   void* aux = nullptr;
+  // dgelu_aux_bias_partials: (max_bias_partial_rows(m), n) f32, of which the variant that runs
+  // writes the first bias_partial_rows(variant, m): row i holds the column sums of D's rows in its
+  // i-th tile of rows.
+  float* bias_partials = nullptr;
 };
 
 // Kernel configurations (tile, cluster, schedule): 0 = 128 x 256 tiles, two consumer warp groups
@@ -58,9 +64,19 @@ bool available(int device);
 
 // Whether a kernel exists for p: 16-bit, m, n, k > 0, the operand layouts of a linear layer's
 // forward (A as stored, B transposed), input gradient (both as stored) or weight gradient (A
-// transposed), the bias epilogues only on the forward's and dgelu_aux only on the input
-// gradient's, and 16-byte aligned pointers and leading dimensions (TMA's rule).
+// transposed), the bias epilogues only on the forward's and the dgelu ones only on the input
+// gradient's (with bias partials: n a multiple of 256), and 16-byte aligned
+// pointers and leading dimensions (TMA's rule).
 bool supported(const Problem& p);
+
+// The rows of D in one tile of `variant`, the partial rows dgelu_aux_bias_partials writes in it (one
+// per tile of rows), and the most any variant writes. Their row length is n: the epilogue needs n a multiple of 256,
+// every variant's tile width (supported() says so).
+inline int64_t bias_partial_tile_rows(int variant) { return variant / 4 == 2 ? 64 : 128; }  // the configs below
+inline int64_t bias_partial_rows(int variant, int64_t m) {
+  return (m + bias_partial_tile_rows(variant) - 1) / bias_partial_tile_rows(variant);
+}
+inline int64_t max_bias_partial_rows(int64_t m) { return (m + 63) / 64; }
 
 // A variant for p without timing: config by the number of tiles, default raster order.
 int default_variant(const Problem& p, int device);

@@ -14,6 +14,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include "tandem/core/cuda/gemm_sm90.h"
+#include "tandem/core/cuda/gemm_sm90_bias_partials.cuh"
 #include "tandem/core/cuda/runtime.h"
 
 namespace tandem::cuda::sm90 {
@@ -62,6 +63,11 @@ template <typename T>
 struct Fusion<Epilogue::dgelu_aux, T> {
   using Op = cutlass::epilogue::fusion::LinCombDeEltAct<cutlass::layout::RowMajor, cutlass::epilogue::thread::dGELU, T,
                                                         float, T>;
+};
+
+template <typename T>
+struct Fusion<Epilogue::dgelu_aux_bias_partials, T> {
+  using Op = DgeluBiasPartials<T>;
 };
 
 // gemm_sm90.h's configurations: tile, cluster and the kernel and epilogue schedules.
@@ -147,10 +153,13 @@ bool launch(const Problem& p, int variant, int device, cudaStream_t stream) {
     fusion.bias_ptr = static_cast<const T*>(p.bias);
   }
   // aux (m, n) with D's leading dimension: written by the GELU forward, read by GELU's backward.
-  if constexpr (epilogue == Epilogue::bias_gelu_aux || epilogue == Epilogue::dgelu_aux) {
+  if constexpr (epilogue == Epilogue::bias_gelu_aux || epilogue == Epilogue::dgelu_aux ||
+                epilogue == Epilogue::dgelu_aux_bias_partials) {
     fusion.aux_ptr = static_cast<decltype(fusion.aux_ptr)>(p.aux);
     fusion.dAux = leading_dimension<decltype(fusion.dAux)>(p.ldd);
   }
+  // (bias_partial_rows(variant, m), n) f32: the column sums of D per tile of rows.
+  if constexpr (epilogue == Epilogue::dgelu_aux_bias_partials) fusion.bias_partials_ptr = p.bias_partials;
   int sm_count = 0;
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   args.hw_info.device_id = device;

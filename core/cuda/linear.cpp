@@ -19,11 +19,14 @@
 // instead. On sm_90 the forward (bias and GELU epilogues), the input gradient through GELU and the
 // weight gradient without BGRADB may run on tandem's CUTLASS kernels instead (gemm_sm90.h,
 // cuda::gemm_kernels), which take the row-major operands as they are.
+#include <functional>
 #include <tuple>
 
 #include "tandem/core/backend.h"
+#include "tandem/core/column_sum_batch.h"
 #include "tandem/core/cuda/cublaslt_plan.h"
 #include "tandem/core/cuda/runtime.h"
+#include "tandem/core/views.h"
 
 namespace tandem::cuda {
 
@@ -31,8 +34,9 @@ namespace {
 using namespace lt;
 
 // One cuBLASLt problem D (rows, cols) = op(A) @ op(B), with its epilogue and the alignments the
-// chosen algorithm relies on.
-using PlanKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, int, int>;
+// chosen algorithm relies on, and the epilogue of the same problem for gemm_sm90.h (-1: none).
+using PlanKey =
+    std::tuple<int, int, int, int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, int, int, int>;
 
 // The algorithm per problem, or found false where cuBLASLt has none.
 PlanCache<PlanKey>& plans() {
@@ -56,8 +60,10 @@ struct Problem {
 };
 
 // Runs the problem (on gemm_sm90.h's kernel where sm90_problem, the same problem for it, is given and
-// chosen); false when neither has an algorithm for it.
-bool run(const Problem& p, const sm90::Problem* sm90_problem = nullptr) {
+// chosen); false when neither has an algorithm for it. `sm90_variant` (or null) gets the variant of
+// gemm_sm90.h's kernel that ran, or -1 where cuBLASLt's did. `sm90_saves`: as query_heuristic takes it.
+bool run(const Problem& p, const sm90::Problem* sm90_problem = nullptr, int* sm90_variant = nullptr,
+         const std::function<bool()>& sm90_saves = nullptr) {
   Types t = types_for(p.dtype);
   MatmulDesc desc(t, p.transpose_a, p.transpose_b);
   TANDEM_CUBLAS_CHECK(
@@ -98,7 +104,8 @@ bool run(const Problem& p, const sm90::Problem* sm90_problem = nullptr) {
               align_d,
               align_bias,
               align_aux,
-              static_cast<int>(gemm_kernels())};
+              static_cast<int>(gemm_kernels()),
+              sm90_problem ? static_cast<int>(sm90_problem->epilogue) : -1};
   NvtxRange range("linear");
   DeviceGuard guard(device);
   const float alpha = 1.0f, beta = 0.0f;
@@ -114,10 +121,12 @@ bool run(const Problem& p, const sm90::Problem* sm90_problem = nullptr) {
     return query_heuristic(device, desc, layout_a, layout_b, layout_d, {align_a, align_b, align_d}, flops, launch,
                            detail::concat("linear ", dtype_name(p.dtype), " D (", p.rows, ", ", p.cols, "), k ", p.k,
                                           ", epilogue ", static_cast<int>(p.epilogue)),
-                           sm90_problem);
+                           sm90_problem, sm90_saves);
   });
   if (!h.found && h.sm90_variant < 0) return false;
-  cublasStatus_t status = run_choice(h, launch, p.device, sm90_problem);
+  bool ran_sm90 = false;
+  cublasStatus_t status = run_choice(h, launch, p.device, sm90_problem, &ran_sm90);
+  if (sm90_variant) *sm90_variant = ran_sm90 ? h.sm90_variant : -1;
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused before launching: remember, and compose instead
     plans().mark_unusable(key);
     return false;
@@ -196,7 +205,9 @@ bool linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
   return run(p, grad_bias.defined() ? nullptr : &s);
 }
 
-bool linear_backward_input_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre, const Tensor& grad_pre) {
+bool linear_backward_input_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre, const Tensor& grad_pre,
+                                const Tensor& grad_bias, bool* bias_summed) {
+  if (bias_summed) *bias_summed = false;
   const int64_t m = grad.shape()[0], n = grad.shape()[1], k = weight.shape()[1];
   Problem p{};
   p.device = grad_pre.device();
@@ -224,7 +235,32 @@ bool linear_backward_input_gelu(const Tensor& grad, const Tensor& weight, const 
   s.d = grad_pre.data_ptr(), s.ldd = k;
   s.epilogue = sm90::Epilogue::dgelu_aux;
   s.aux = pre.data_ptr();
-  return run(p, &s);
+  // With the bias gradient: its partial sums in the same kernel, where that kernel is chosen.
+  Tensor partial;  // (max_bias_partial_rows(M), K) f32, one row per tile of rows
+  if (grad_bias.defined() && sm90::available(p.device.index)) {
+    partial = empty({sm90::max_bias_partial_rows(m), k}, TensorOptions(DType::f32, grad_pre.device()));
+    s.epilogue = sm90::Epilogue::dgelu_aux_bias_partials;
+    s.bias_partials = static_cast<float*>(partial.data_ptr());
+    if (!sm90::supported(s)) {  // (K not a multiple of 256): the bias gradient is left to the caller
+      partial = Tensor();
+      s.epilogue = sm90::Epilogue::dgelu_aux;
+      s.bias_partials = nullptr;
+    }
+  }
+  // What the fused kernel saves when timed against cuBLASLt's DGELU: the bias gradient's own pass
+  // over d pre (launched at once, not left in a backward pass's batch).
+  auto separate_bias_pass = [&] {
+    ColumnSumBatchScope launch_now(nullptr);
+    column_sums(grad_pre, grad_bias);
+    return true;
+  };
+  int variant = -1;
+  if (!run(p, &s, &variant, partial.defined() ? std::function<bool()>(separate_bias_pass) : nullptr)) return false;
+  if (partial.defined() && variant >= 0) {
+    add_partial_rows(views::narrow(partial, 0, 0, sm90::bias_partial_rows(variant, m)), grad_bias);
+    if (bias_summed) *bias_summed = true;
+  }
+  return true;
 }
 
 }  // namespace tandem::cuda

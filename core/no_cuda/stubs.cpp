@@ -183,13 +183,14 @@ bool linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, 
 bool linear_backward_weight(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   no_cuda("linear_backward_weight");
 }
-bool linear_backward_input_gelu(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+bool linear_backward_input_gelu(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool*) {
   no_cuda("linear_backward_input_gelu");
 }
 void gelu_backward_column_sums(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   no_cuda("gelu_backward_column_sums");
 }
 void column_sums(const Tensor&, const Tensor&) { no_cuda("column_sums"); }
+void add_partial_rows(const Tensor&, const Tensor&) { no_cuda("add_partial_rows"); }
 bool cudnn_attention_built() { return false; }
 bool fused_attention_supported(const Tensor&, const Tensor&, const Tensor&) { return false; }
 void fused_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {

@@ -3,7 +3,8 @@
 // input and weight gradients), the variant timed (MatmulTuning::all) or not (none); with
 // `cublaslt` on cuBLASLt. Either way a two-layer GELU MLP's output and gradients match the CPU in
 // f64 on fresh random inputs, and a second run gives the same bits (a problem keeps its choice); so
-// does gelu_mlp at 4096 rows and more, whose input gradient through GELU is one product.
+// does gelu_mlp at 4096 rows and more, whose input gradient through GELU is one product (on tandem's
+// kernel, with fc's bias gradient summed in its epilogue where the hidden width allows).
 // On a GPU other than sm_90, or in a build without CUTLASS, both settings run cuBLASLt. The shapes
 // are this file's own, so that no earlier test of the process has already fixed their choices.
 #include <functional>
@@ -107,6 +108,19 @@ TEST(GemmKernels, GeluMlpAtManyRowsMatchesTheCpuInEachSetting) {
   for_each_setting([&](DType dtype) {
     width += 8;
     check_mlp(4104, width, 136, dtype, /*fused=*/true);
+  });
+}
+
+// gelu_mlp from 4096 rows with a hidden width that is a multiple of 256: with tandem's kernels the
+// product that makes d pre also sums fc's bias gradient in its epilogue (the same check of every
+// gradient against the CPU, and the same bits on a second run).
+TEST(GemmKernels, GeluMlpBiasGradientFromTheEpilogueMatchesTheCpuInEachSetting) {
+  TANDEM_REQUIRE_CUDA();
+  ASSERT_FALSE(are_deterministic_algorithms_enabled());
+  int64_t width = 40;  // a new width per case: fresh problems
+  for_each_setting([&](DType dtype) {
+    width += 8;
+    check_mlp(4104, width, 512, dtype, /*fused=*/true);
   });
 }
 

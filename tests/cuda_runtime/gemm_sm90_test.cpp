@@ -1,10 +1,13 @@
 // tandem's CUTLASS products for sm_90 (core/cuda/gemm_sm90.h): every kernel kind (the linear
 // layer's forward with no epilogue, with a bias, and with a bias and GELU storing the
-// pre-activation; the input gradient, plain and through GELU's backward; the weight gradient), in
+// pre-activation; the input gradient, plain, through GELU's backward, and that with the partial
+// rows of its column sums; the weight gradient), in
 // bf16 and f16, in every variant, against the CPU in f64 on fresh random inputs of 16-bit values,
 // on shapes that leave partial tiles and rows longer than the matrix; and the problems that have no
 // kernel. Skips without an sm_90 GPU or in a build without CUTLASS's headers.
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "support/test_util.h"
 #include "tandem/autograd/ops.h"
@@ -118,6 +121,43 @@ TEST(GemmSm90, GradientProductsMatchTheCpu) {
       check_every_variant(p, out, kernels::unary_backward(UnaryOp::gelu_tanh, matmul(g, w), pre));
     }
     {
+      SCOPED_TRACE("input gradient through GELU with its column sums, one partial row per tile of rows");
+      const int64_t wide = 512;  // a multiple of 256, as the bias partials need
+      Tensor g = random_exact_in({m, k}, -1.0, 1.0, dtype), w = random_exact_in({k, wide}, -0.2, 0.2, dtype);
+      Tensor pre = random_exact_in({m, wide}, -3.0, 3.0, dtype);
+      Tensor gg = on_gpu_as(g, dtype), gw = on_gpu_as(w, dtype), gpre = on_gpu_as(pre, dtype);
+      Tensor out = empty({m, wide}, TensorOptions(dtype, Device("cuda")));                                  // (m, wide)
+      Tensor partial = empty({max_bias_partial_rows(m), wide}, TensorOptions(DType::f32, Device("cuda")));  // f32
+      Problem p;
+      p.dtype = dtype;
+      p.m = m, p.n = wide, p.k = k;
+      p.a = gg.data_ptr(), p.lda = k;
+      p.b = gw.data_ptr(), p.ldb = wide;
+      p.d = out.data_ptr(), p.ldd = wide;
+      p.epilogue = Epilogue::dgelu_aux_bias_partials;
+      p.aux = gpre.data_ptr();
+      p.bias_partials = static_cast<float*>(partial.data_ptr());
+      ASSERT_TRUE(supported(p));
+      Tensor want = kernels::unary_backward(UnaryOp::gelu_tanh, matmul(g, w), pre);  // (m, wide) f64
+      for (int v = 0; v < kVariants; ++v) {
+        SCOPED_TRACE(variant_name(v));
+        kernels::fill_(out, 0.0);
+        kernels::fill_(partial, 1e30);
+        ASSERT_TRUE(run(p, v, 0, current_stream(0)));
+        Tensor stored = on_cpu_f64(out);  // D as the kernel rounded it
+        EXPECT_TRUE(testing::all_close(stored, want, tolerance(dtype), tolerance(dtype)));
+        // Row i: the column sums of D's rows in tile i (the last tile partly past m), in f32.
+        const int64_t tile = bias_partial_tile_rows(v), parts = bias_partial_rows(v, m);
+        Tensor rows = on_cpu_f64(narrow(partial, 0, 0, parts));
+        for (int64_t i = 0; i < parts; ++i) {
+          const int64_t first = i * tile, count = std::min(tile, m - first);
+          Tensor want_row = sum(narrow(stored, 0, first, count), {0});
+          EXPECT_TRUE(testing::all_close(narrow(rows, 0, i, 1).reshape({wide}), want_row, 1e-5, 1e-4))
+              << "partial row " << i;
+        }
+      }
+    }
+    {
       SCOPED_TRACE("weight gradient");
       Tensor g = random_exact_in({k, m}, -1.0, 1.0, dtype),
              x = random_exact_in({k, n}, -1.0, 1.0, dtype);  // k is the batch
@@ -131,6 +171,32 @@ TEST(GemmSm90, GradientProductsMatchTheCpu) {
       p.d = out.data_ptr(), p.ldd = n;
       check_every_variant(p, out, matmul(transpose(g, 0, 1), x));
     }
+  }
+}
+
+// kernels::linear_backward_input_gelu with the bias gradient, tandem's kernels forced: the product's
+// epilogue sums d pre's columns (4104 rows: past the 4096 from which GELU's backward runs in the
+// epilogue, with a last tile of 8 rows), as the CPU sums the same 16-bit values.
+TEST(GemmSm90, InputGradientThroughGeluSumsTheBiasGradient) {
+  TANDEM_REQUIRE_SM90();
+  struct Restore {
+    GemmKernels kernels = gemm_kernels();
+    ~Restore() { set_gemm_kernels(kernels); }
+  } restore;
+  set_gemm_kernels(GemmKernels::cutlass);
+  const int64_t rows = 4104, n = 40, k = 256;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor g = random_exact_in({rows, n}, -1.0, 1.0, dtype), w = random_exact_in({n, k}, -0.2, 0.2, dtype);
+    Tensor pre = random_exact_in({rows, k}, -3.0, 3.0, dtype);
+    kernels::LinearActivationGrads got =
+        kernels::linear_backward_input_gelu(on_gpu_as(g, dtype), on_gpu_as(w, dtype), on_gpu_as(pre, dtype), true);
+    ASSERT_TRUE(got.bias.defined()) << "the product's epilogue did not sum the bias gradient";
+    Tensor d_pre = on_cpu_f64(got.grad);  // (rows, k) as stored
+    EXPECT_TRUE(testing::all_close(d_pre, kernels::unary_backward(UnaryOp::gelu_tanh, matmul(g, w), pre),
+                                   tolerance(dtype), tolerance(dtype)));
+    EXPECT_TRUE(testing::all_close(on_cpu_f64(got.bias), sum(d_pre, {0}), tolerance(dtype), tolerance(dtype)))
+        << "bias gradient";
   }
 }
 
@@ -170,6 +236,14 @@ TEST(GemmSm90, ProblemsWithoutAKernel) {
   q.epilogue = Epilogue::dgelu_aux;
   q.aux = buffer.data_ptr();
   EXPECT_FALSE(supported(q)) << "GELU's backward on the forward";
+  q.b_transposed = false;
+  q.epilogue = Epilogue::dgelu_aux_bias_partials;
+  q.bias_partials = static_cast<float*>(buffer.data_ptr());
+  EXPECT_FALSE(supported(q)) << "bias partials of 16 columns: not a multiple of 256";
+  q.n = q.ldb = q.ldd = 256;
+  EXPECT_TRUE(supported(q)) << "bias partials of 256 columns";
+  q.bias_partials = nullptr;
+  EXPECT_FALSE(supported(q)) << "bias partials with nowhere to write them";
   q = p;
   q.epilogue = Epilogue::bias;
   EXPECT_FALSE(supported(q)) << "a bias epilogue without a bias";
