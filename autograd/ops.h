@@ -127,9 +127,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // The transformer's MLP as one op: linear(gelu_tanh(linear(x, fc_weight, fc_bias)), proj_weight,
 // proj_bias) for x (..., C), fc_weight (H, C), proj_weight (C', H). The same values as the two
 // linear ops; one node, so that on CUDA GELU's backward runs in the epilogue of the matmul that
-// makes its input gradient (cuBLASLt's DGELU) instead of as a pass of its own.
+// makes its input gradient (cuBLASLt's DGELU, or tandem's sm_90 kernel) instead of as a pass of its
+// own.
 Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
                 const Tensor& proj_bias);
+// Any number of linear layers with GELU (tanh) between them, as one op (the two-layer form above
+// is this with two): layer i is linear(h_i, weights[i], biases[i]), followed by gelu_tanh except
+// for the last; weights[i] (N_i, K_i) with K_0 = C and K_i = N_{i-1}; biases[i] (N_i,) or an
+// undefined Tensor. The same values as the linear ops in a row, and each GELU's backward where
+// the op above puts it.
+Tensor gelu_mlp(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases);
 
 // ---- shape and views ----
 Tensor reshape(const Tensor& x, const Shape& shape);  // a view when possible, else a copy

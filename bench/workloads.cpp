@@ -21,10 +21,11 @@ int64_t default_batch(const std::string& name) {
 int64_t WorkloadOptions::batch_or_default() const { return batch > 0 ? batch : default_batch(name); }
 
 namespace {
-// MLP over mlp_widths (58.7M parameters at the default widths), GELU (tanh) between the layers,
-// fused into the preceding Linear's matmul epilogue. The layers keep the names PyTorch's
-// nn.Sequential(Linear, GELU, Linear, ...) gives them ("0", "2", "4", ...), so weights exchange
-// by name.
+// MLP over mlp_widths (58.7M parameters at the default widths), GELU (tanh) between the layers:
+// one gelu_mlp op over the Linear layers' parameters (GELU in the forward products' epilogues,
+// and its backward in the input-gradient products' where kernels::input_gelu_in_epilogue says so).
+// The layers keep the names PyTorch's nn.Sequential(Linear, GELU, Linear, ...) gives them ("0",
+// "2", "4", ...), so weights exchange by name.
 class FusedGeluMlp : public nn::Module {
  public:
   FusedGeluMlp(const std::vector<int64_t>& widths, TensorOptions options) {
@@ -35,9 +36,12 @@ class FusedGeluMlp : public nn::Module {
     }
   }
   Tensor forward(const Tensor& x) override {
-    Tensor y = x;  // (B, widths[0]) -> (B, widths[i + 1]) after layer i
-    for (const auto& layer : layers_) y = layer->forward(y);
-    return y;
+    std::vector<Tensor> weights, biases;  // layer i's (widths[i + 1], widths[i]) and (widths[i + 1],)
+    for (const auto& layer : layers_) {
+      weights.push_back(layer->weight);
+      biases.push_back(layer->bias);
+    }
+    return gelu_mlp(x, weights, biases);  // (B, widths[0]) -> (B, widths.back())
   }
 
  protected:
@@ -85,8 +89,8 @@ Batch make_batch(const WorkloadOptions& options, DType dtype, Device device) {
   }
   if (options.name == "resnet18") {
     const int64_t S = options.image_size;
-    Tensor images = randn({B, 3, S, S}, data);                      // (B, 3, S, S)
-    Tensor labels = randint(0, options.num_classes, {B}, ids);      // (B,)
+    Tensor images = randn({B, 3, S, S}, data);                  // (B, 3, S, S)
+    Tensor labels = randint(0, options.num_classes, {B}, ids);  // (B,)
     // The same values either way; channels-last only changes where they lie.
     if (options.channels_last) images = images.contiguous(MemoryFormat::channels_last);  // strides (3SS, 1, 3S, 3)
     return {images, labels};

@@ -163,12 +163,16 @@ bool input_gelu_in_epilogue(const Tensor& grad_out, const Tensor& weight) {
   const int64_t n = weight.shape()[0], k = weight.shape()[1];
   const int64_t m = grad_out.numel() / std::max<int64_t>(n, 1);
   // 16-bit only: with DGELU in f32 GPT-2's TF32 step was 3% slower, in bf16 0.5% faster (one
-  // H200, 2026-11-24). And only from kDgeluMinRows rows: cuBLASLt runs DGELU on an older kernel
-  // that is slow on few rows, where a plain matmul and GELU's backward take less time (so did
-  // tandem's sm_90 kernel at GPT-2 B1 T1024's 1024 rows: README, "tandem's CUTLASS kernels").
-  constexpr int64_t kDgeluMinRows = 4096;
+  // H200, 2026-11-24). And only from kDgeluMinRows rows, or from kDgeluMinRowsLongSum rows where
+  // the product sums over at least kDgeluLongSum (n): cuBLASLt runs DGELU on an older kernel that
+  // is slow on few rows, where a plain matmul and GELU's backward take less time (so did tandem's
+  // sm_90 kernel at GPT-2 B1 T1024's 1024 rows, a sum over 768: README, "tandem's CUTLASS
+  // kernels"); over a sum of 4096 (the MLP benchmark's 1024 rows) the epilogue's extra time is a
+  // smaller share of the product's, and less than GELU's pass with its gaps.
+  constexpr int64_t kDgeluMinRows = 4096, kDgeluMinRowsLongSum = 1024, kDgeluLongSum = 4096;
   const bool half = grad_out.dtype() == DType::bf16 || grad_out.dtype() == DType::f16;
-  return half && m >= kDgeluMinRows && fused_on_cuda(grad_out, k, Activation::gelu_tanh) && n > 0;
+  const bool enough_rows = m >= kDgeluMinRows || (m >= kDgeluMinRowsLongSum && n >= kDgeluLongSum);
+  return half && enough_rows && fused_on_cuda(grad_out, k, Activation::gelu_tanh) && n > 0;
 }
 
 LinearActivationGrads linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre,

@@ -63,7 +63,8 @@ bool weight_gradient_first(const Tensor& grad_out, const Tensor& weight);
 LinearActivationGrads linear_backward_input_gelu(const Tensor& grad_out, const Tensor& weight, const Tensor& pre,
                                                  bool need_bias = false);
 // Whether linear_backward_input_gelu runs GELU's backward in the matmul's epilogue: on CUDA, in
-// bf16 and f16, from 4096 rows. Elsewhere a caller that also wants the bias gradient of pre's layer
+// bf16 and f16, from 4096 rows, or from 1024 rows where the product sums over at least 4096
+// (grad_out's last dim). Elsewhere a caller that also wants the bias gradient of pre's layer
 // does better with linear_backward(grad of gelu(pre), ..., Activation::gelu_tanh, ...), which on
 // CUDA sums it in GELU's backward pass.
 bool input_gelu_in_epilogue(const Tensor& grad_out, const Tensor& weight);

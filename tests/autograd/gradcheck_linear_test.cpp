@@ -48,10 +48,62 @@ TEST(GradcheckGeluMlp, EveryInputWithAndWithoutBiases) {
 }
 
 TEST(GeluMlp, EqualsTheTwoLinearOps) {
-  Tensor x = testing::random_tensor({2, 5, 6}), fc_w = testing::random_tensor({12, 6}), fc_b = testing::random_tensor({12});
+  Tensor x = testing::random_tensor({2, 5, 6}), fc_w = testing::random_tensor({12, 6}),
+         fc_b = testing::random_tensor({12});
   Tensor proj_w = testing::random_tensor({6, 12}), proj_b = testing::random_tensor({6});
   EXPECT_TRUE(testing::all_close(gelu_mlp(x, fc_w, fc_b, proj_w, proj_b),
                                  linear(linear(x, fc_w, fc_b, Activation::gelu_tanh), proj_w, proj_b), 1e-12, 1e-12));
+}
+
+TEST(GradcheckGeluMlp, ChainsOfOneToFourLayers) {
+  // Three layers (4 -> 6 -> 5 -> 3), a bias on some: every input, then the parameters alone.
+  auto x = random_leaf({2, 3, 4}), w0 = random_leaf({6, 4}), b0 = random_leaf({6}), w1 = random_leaf({5, 6});
+  auto w2 = random_leaf({3, 5}), b2 = random_leaf({3});
+  EXPECT_GRADCHECK(
+      [](const Inputs& v) {
+        return gelu_mlp(v[0], {v[1], v[3], v[4]}, {v[2], Tensor(), v[5]});
+      },
+      (Inputs{x, w0, b0, w1, w2, b2}));
+  Tensor data = testing::random_tensor({5, 4});
+  EXPECT_GRADCHECK(
+      [data](const Inputs& v) {
+        return gelu_mlp(data, {v[0], v[2], v[3]}, {v[1], Tensor(), v[4]});
+      },
+      (Inputs{w0, b0, w1, w2, b2}));
+  // Only the last layer's parameters: nothing before them wants a gradient.
+  Tensor dw0 = testing::random_tensor({6, 4}), dw1 = testing::random_tensor({5, 6});
+  EXPECT_GRADCHECK(
+      [data, dw0, dw1](const Inputs& v) {
+        return gelu_mlp(data, {dw0, dw1, v[0]}, {Tensor(), Tensor(), v[1]});
+      },
+      (Inputs{w2, b2}));
+  // Only x (and a middle layer's bias).
+  Tensor dw2 = testing::random_tensor({3, 5});
+  EXPECT_GRADCHECK(
+      [dw0, dw1, dw2](const Inputs& v) {
+        return gelu_mlp(v[0], {dw0, dw1, dw2}, {Tensor(), v[1], Tensor()});
+      },
+      (Inputs{x, random_leaf({5})}));
+  // One layer (a linear op) and four.
+  EXPECT_GRADCHECK([](const Inputs& v) { return gelu_mlp(v[0], {v[1]}, {v[2]}); }, (Inputs{x, w0, b0}));
+  auto w3 = random_leaf({2, 3}), b3 = random_leaf({2});
+  EXPECT_GRADCHECK(
+      [](const Inputs& v) {
+        return gelu_mlp(v[0], {v[1], v[3], v[4], v[6]}, {v[2], Tensor(), v[5], v[7]});
+      },
+      (Inputs{x, w0, b0, w1, w2, b2, w3, b3}));
+}
+
+TEST(GeluMlp, ChainEqualsTheLinearOpsInARowAndNamesWhatIsWrong) {
+  Tensor x = testing::random_tensor({2, 5, 6}), w0 = testing::random_tensor({12, 6}), b0 = testing::random_tensor({12});
+  Tensor w1 = testing::random_tensor({9, 12}), b1 = testing::random_tensor({9});
+  Tensor w2 = testing::random_tensor({4, 9}), b2 = testing::random_tensor({4});
+  Tensor layers = linear(linear(linear(x, w0, b0, Activation::gelu_tanh), w1, b1, Activation::gelu_tanh), w2, b2);
+  EXPECT_TRUE(testing::all_close(gelu_mlp(x, {w0, w1, w2}, {b0, b1, b2}), layers, 1e-12, 1e-12));
+  EXPECT_TRUE(testing::throws_with<ValueError>([&] { gelu_mlp(x, std::vector<Tensor>{}, std::vector<Tensor>{}); },
+                                               {"at least one layer"}));
+  EXPECT_TRUE(testing::throws_with<ValueError>([&] { gelu_mlp(x, {w0, w1}, {b0}); }, {"2 weights but 1 biases"}));
+  EXPECT_TRUE(testing::throws_with<ValueError>([&] { gelu_mlp(x, {w0, w2}, {b0, b2}); }, {"in_features"}));
 }
 
 TEST(Linear, ForwardMatchesMatmulAddGelu) {

@@ -12,6 +12,7 @@
 #include "support/test_util.h"
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/determinism.h"
+#include "tandem/core/kernels.h"
 
 namespace tandem {
 namespace {
@@ -34,29 +35,43 @@ struct Setting {
   cuda::MatmulTuning tuning_before = cuda::matmul_tuning();
 };
 
-// The two layers as linear ops, or as gelu_mlp (fused: from 4096 rows its input gradient through
-// GELU is one product with GELU's backward in the epilogue).
-Tensor mlp(const std::vector<Tensor>& p, bool fused) {
-  if (fused) return gelu_mlp(p[0], p[1], p[2], p[3], p[4]);
-  return linear(linear(p[0], p[1], p[2], Activation::gelu_tanh), p[3], p[4]);
+// Linear layers of widths[0] -> widths[1] -> ... with GELU between them, as linear ops in a row, or
+// as gelu_mlp (fused: its input gradients through GELU run as one product with GELU's backward in
+// the epilogue where kernels::input_gelu_in_epilogue says so). p: x, then each layer's weight and bias.
+Tensor layers(const std::vector<Tensor>& p, bool fused) {
+  const size_t count = (p.size() - 1) / 2;
+  if (fused) {
+    std::vector<Tensor> weights, biases;
+    for (size_t i = 0; i < count; ++i) {
+      weights.push_back(p[1 + 2 * i]);
+      biases.push_back(p[2 + 2 * i]);
+    }
+    return count == 2 ? gelu_mlp(p[0], p[1], p[2], p[3], p[4]) : gelu_mlp(p[0], weights, biases);
+  }
+  Tensor h = p[0];
+  for (size_t i = 0; i < count; ++i) {
+    h = linear(h, p[1 + 2 * i], p[2 + 2 * i], i + 1 < count ? Activation::gelu_tanh : Activation::none);
+  }
+  return h;
 }
 
-void check_mlp(int64_t rows, int64_t width, int64_t hidden, DType dtype, bool fused = false) {
+void check_layers(int64_t rows, const std::vector<int64_t>& widths, DType dtype, bool fused) {
   const double tol = dtype == DType::bf16 ? 3e-2 : 5e-3;
-  Tensor x = random_exact_in({rows, width}, -1.0, 1.0, dtype);
-  Tensor fc_w = random_exact_in({hidden, width}, -0.2, 0.2, dtype), fc_b = random_exact_in({hidden}, -0.5, 0.5, dtype);
-  Tensor proj_w = random_exact_in({width, hidden}, -0.1, 0.1, dtype),
-         proj_b = random_exact_in({width}, -0.5, 0.5, dtype);
-  Tensor direction = random_exact_in({rows, width}, -1.0, 1.0, dtype);
-  std::vector<Tensor> cpu{x, fc_w, fc_b, proj_w, proj_b};
+  std::vector<Tensor> cpu{random_exact_in({rows, widths[0]}, -1.0, 1.0, dtype)};  // x, then (W_i, b_i)
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    const double scale = i == 0 ? 0.2 : 0.1;
+    cpu.push_back(random_exact_in({widths[i + 1], widths[i]}, -scale, scale, dtype));
+    cpu.push_back(random_exact_in({widths[i + 1]}, -0.5, 0.5, dtype));
+  }
+  Tensor direction = random_exact_in({rows, widths.back()}, -1.0, 1.0, dtype);
   for (Tensor& t : cpu) t = t.detach().requires_grad_();
-  Tensor want = linear(linear(cpu[0], cpu[1], cpu[2], Activation::gelu_tanh), cpu[3], cpu[4]);
+  Tensor want = layers(cpu, /*fused=*/false);
   sum(mul(want, direction)).backward();
   std::vector<Tensor> first;  // output and gradients of the first GPU run
   for (int run = 0; run < 2; ++run) {
     std::vector<Tensor> gpu;
     for (const Tensor& t : cpu) gpu.push_back(on_gpu_as(t.detach(), dtype).requires_grad_());
-    Tensor got = mlp(gpu, fused);
+    Tensor got = layers(gpu, fused);
     sum(mul(to(got, DType::f32), to(on_gpu_as(direction, dtype), DType::f32))).backward();
     std::vector<Tensor> results{on_cpu_f64(got)};
     for (const Tensor& t : gpu) results.push_back(on_cpu_f64(t.grad()));
@@ -72,6 +87,11 @@ void check_mlp(int64_t rows, int64_t width, int64_t hidden, DType dtype, bool fu
       }
     }
   }
+}
+
+// The two-layer MLP (width -> hidden -> width), as linear ops or as gelu_mlp.
+void check_mlp(int64_t rows, int64_t width, int64_t hidden, DType dtype, bool fused = false) {
+  check_layers(rows, {width, hidden, width}, dtype, fused);
 }
 
 // Runs check(dtype) in bf16 and f16 under each setting: tandem's kernels or cuBLASLt, timed or not.
@@ -121,6 +141,23 @@ TEST(GemmKernels, GeluMlpBiasGradientFromTheEpilogueMatchesTheCpuInEachSetting) 
   for_each_setting([&](DType dtype) {
     width += 8;
     check_mlp(4104, width, 512, dtype, /*fused=*/true);
+  });
+}
+
+// A chain of three layers at 1032 rows whose middle layer is 4096 wide: its input gradient through
+// GELU sums over 4096, which makes it one product from 1024 rows (as the MLP benchmark's layers),
+// with the first layer's bias gradient summed in the epilogue on tandem's kernels (256 wide).
+TEST(GemmKernels, GeluMlpChainOverALongSumMatchesTheCpuInEachSetting) {
+  TANDEM_REQUIRE_CUDA();
+  ASSERT_FALSE(are_deterministic_algorithms_enabled());
+  Tensor g = empty({1032, 4096}, TensorOptions(DType::bf16, Device("cuda")));
+  EXPECT_TRUE(kernels::input_gelu_in_epilogue(g, empty({4096, 256}, g.options())));
+  EXPECT_FALSE(kernels::input_gelu_in_epilogue(narrow(g, 1, 0, 768), empty({768, 256}, g.options())))
+      << "a sum over 768 at 1032 rows stays a plain product and GELU's pass";
+  int64_t width = 40;  // a new width per case: fresh problems
+  for_each_setting([&](DType dtype) {
+    width += 8;
+    check_layers(1032, {width, 256, 4096, width}, dtype, /*fused=*/true);
   });
 }
 
