@@ -54,7 +54,7 @@ LinearGrads linear_backward_weight(const Tensor& grad, const Tensor& x, const Te
 // which the rest waits for.
 bool weight_gradient_first(const Tensor& grad_out, const Tensor& weight);
 
-// The input gradient of a linear layer whose input was gelu_tanh(pre), for the two-layer GELU MLP:
+// The input gradient of a linear layer whose input was gelu_tanh(pre), for gelu_mlp (GELU between layers):
 // grad_out (..., N), weight (N, K), pre (..., K) -> .grad = d pre (..., K). One product with GELU's
 // backward in its epilogue (cuBLASLt's DGELU, or on sm_90 tandem's CUTLASS kernel where timed
 // faster) where input_gelu_in_epilogue says so; elsewhere matmul and gelu's backward. With
