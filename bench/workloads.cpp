@@ -21,40 +21,11 @@ int64_t default_batch(const std::string& name) {
 int64_t WorkloadOptions::batch_or_default() const { return batch > 0 ? batch : default_batch(name); }
 
 namespace {
-// MLP over mlp_widths (58.7M parameters at the default widths), GELU (tanh) between the layers:
-// one gelu_mlp op over the Linear layers' parameters (GELU in the forward products' epilogues,
-// and its backward in the input-gradient products' where kernels::input_gelu_in_epilogue says so).
-// The layers keep the names PyTorch's nn.Sequential(Linear, GELU, Linear, ...) gives them ("0",
-// "2", "4", ...), so weights exchange by name.
-class FusedGeluMlp : public nn::Module {
- public:
-  FusedGeluMlp(const std::vector<int64_t>& widths, TensorOptions options) {
-    for (size_t i = 0; i + 1 < widths.size(); ++i) {
-      Activation act = i + 2 < widths.size() ? Activation::gelu_tanh : Activation::none;
-      layers_.push_back(register_module(std::to_string(2 * i),
-                                        std::make_shared<nn::Linear>(widths[i], widths[i + 1], act, true, options)));
-    }
-  }
-  Tensor forward(const Tensor& x) override {
-    std::vector<Tensor> weights, biases;  // layer i's (widths[i + 1], widths[i]) and (widths[i + 1],)
-    for (const auto& layer : layers_) {
-      weights.push_back(layer->weight);
-      biases.push_back(layer->bias);
-    }
-    return gelu_mlp(x, weights, biases);  // (B, widths[0]) -> (B, widths.back())
-  }
-
- protected:
-  std::string type_name() const override { return "FusedGeluMlp"; }
-
- private:
-  std::vector<std::shared_ptr<nn::Linear>> layers_;
-};
-
 std::shared_ptr<nn::Module> make_mlp(const WorkloadOptions& options, Device device) {
   const std::vector<int64_t>& widths = options.mlp_widths;
   TANDEM_CHECK_AS(ValueError, widths.size() >= 2, "mlp: needs at least two widths, got ", widths.size());
-  return std::make_shared<FusedGeluMlp>(widths, TensorOptions(DType::f32, device));
+  // 58.7M parameters at the default widths, GELU (tanh) between the layers, as one gelu_mlp op
+  return std::make_shared<nn::GeluMlp>(widths, true, TensorOptions(DType::f32, device));
 }
 }  // namespace
 

@@ -37,6 +37,24 @@ Tensor Linear::forward_without_bias(const Tensor& x) {
   return linear(x, weight, Tensor(), Activation::none);
 }
 
+GeluMlp::GeluMlp(const std::vector<int64_t>& widths, bool with_bias, TensorOptions options) {
+  TANDEM_CHECK_AS(ValueError, widths.size() >= 2, "GeluMlp: needs at least two widths (in, out), got ", widths.size());
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    const Activation act = i + 2 < widths.size() ? Activation::gelu_tanh : Activation::none;
+    layers.push_back(register_module(std::to_string(2 * i),
+                                     std::make_shared<Linear>(widths[i], widths[i + 1], act, with_bias, options)));
+  }
+}
+
+Tensor GeluMlp::forward(const Tensor& x) {
+  std::vector<Tensor> weights, biases;  // layer i's (widths[i + 1], widths[i]) and (widths[i + 1],)
+  for (const auto& layer : layers) {
+    weights.push_back(layer->weight);
+    biases.push_back(layer->bias);
+  }
+  return gelu_mlp(x, weights, biases);
+}
+
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv2dOptions conv,
                TensorOptions options) {
   TANDEM_CHECK_AS(ValueError, conv.groups >= 1 && in_channels % conv.groups == 0 && out_channels % conv.groups == 0,

@@ -26,6 +26,21 @@ class Linear : public Module {
   std::string type_name() const override { return "Linear"; }
 };
 
+// Linear layers widths[0] -> widths[1] -> ... -> widths.back() with GELU (tanh) after every layer
+// but the last, as one op (gelu_mlp in autograd/ops.h: on CUDA each GELU's backward can run in the
+// epilogue of the product that makes its input gradient, which separate Linear modules cannot
+// do). Layer i is a Linear named as PyTorch's nn.Sequential(Linear, GELU, Linear, ...) names it,
+// "2i" ("0", "2", "4", ...), so its parameters exchange with such a model by name.
+class GeluMlp : public Module {
+ public:
+  explicit GeluMlp(const std::vector<int64_t>& widths, bool bias = true, TensorOptions options = {});
+  Tensor forward(const Tensor& x) override;  // (..., widths[0]) -> (..., widths.back())
+  std::vector<std::shared_ptr<Linear>> layers;
+
+ protected:
+  std::string type_name() const override { return "GeluMlp"; }
+};
+
 struct Conv2dOptions {
   int64_t stride = 1, padding = 0, dilation = 1, groups = 1;
   bool bias = true;

@@ -2,6 +2,7 @@
 // without bias, with GELU, batched inputs), its forward against matmul + add + gelu, and nn::Linear
 // built on it.
 #include "gradcheck_util.h"
+#include "tandem/autograd/node.h"
 #include "tandem/core/kernels.h"
 #include "tandem/layers/layers.h"
 
@@ -147,6 +148,34 @@ TEST(Linear, BadShapesSayWhatWasExpected) {
         linear(x, to(testing::random_tensor({5, 4}), DType::f32));
       },
       {"weight", "f32", "f64"}));
+}
+
+TEST(GeluMlp, ModuleIsOneOpWithSequentialNamesAndTheLayersGradients) {
+  nn::GeluMlp mlp({6, 8, 5, 3}, true, DType::f64);
+  std::vector<std::string> names;
+  for (const auto& entry : mlp.named_parameters()) names.push_back(entry.first);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}));
+  ASSERT_EQ(mlp.layers.size(), 3u);
+  EXPECT_EQ(mlp.layers[1]->activation, Activation::gelu_tanh);
+  EXPECT_EQ(mlp.layers[2]->activation, Activation::none);
+  // The same output and gradients as the Linear modules called in a row.
+  Tensor x = testing::random_tensor({4, 6});
+  Tensor y = mlp.forward(x);
+  EXPECT_EQ(autograd::gradient_edge(y)->name(), "gelu_mlp_chain");  // one node
+  Tensor direction = testing::random_tensor({4, 3});
+  sum(mul(y, direction)).backward();
+  std::vector<Tensor> fused;
+  for (const auto& entry : mlp.named_parameters()) fused.push_back(entry.second.grad());
+  mlp.zero_grad();
+  Tensor h = x;
+  for (const auto& layer : mlp.layers) h = layer->forward(h);
+  EXPECT_TRUE(testing::all_close(y, h, 1e-12, 1e-12));
+  sum(mul(h, direction)).backward();
+  size_t i = 0;
+  for (const auto& entry : mlp.named_parameters()) {
+    EXPECT_TRUE(testing::all_close(entry.second.grad(), fused[i++], 1e-12, 1e-12)) << entry.first;
+  }
+  EXPECT_TRUE(testing::throws_with<ValueError>([] { nn::GeluMlp({6}); }, {"at least two widths"}));
 }
 
 }  // namespace
