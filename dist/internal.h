@@ -87,6 +87,9 @@ struct NcclSettings {
   bool nonblocking = false;       // InitOptions::nccl_nonblocking
   bool time_collectives = false;  // InitOptions::time_collectives
   bool high_priority_stream = false;  // InitOptions::comm_stream_high_priority
+  bool one_node = false;              // every rank on this node
+  int64_t peer_all_reduce_max_bytes = 0;  // InitOptions::peer_all_reduce_max_bytes
+  bool report_peer_path = false;      // say on rank 0 why the peer kernel is off (it was asked for)
 };
 // A communicator over every rank of `cpu_group`, on `device` (already current); rank 0's
 // ncclUniqueId travels through cpu_group.

@@ -33,6 +33,7 @@
 #include "tandem/core/kernels.h"
 #include "tandem/dist/check.h"
 #include "tandem/dist/internal.h"
+#include "tandem/dist/peer_all_reduce.h"
 #include "tandem/dist/stuck_call.h"
 #include "tandem/dist/work_tracker.h"
 
@@ -110,6 +111,7 @@ struct NcclWork : TrackedWork {
   // capture's comm_stream_nodes (ReplayWatch) it depends on: all those up to its end.
   std::vector<cuda::GraphNode> end_nodes;
   size_t nodes_before_end = 0;
+  uint64_t capture_id = 0;  // cuda::capture_id() of the capture that recorded it, when captured
 };
 
 // The collectives that one CUDA graph capture recorded on the group, which every replay of the
@@ -149,6 +151,11 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
   std::unique_ptr<cuda::Event> ready;   // recorded on the caller's stream before each collective; no timing
   std::vector<std::unique_ptr<cuda::Event>> spare_timed_events, spare_sync_events;
   std::shared_ptr<ReplayWatch> capturing;  // of the latest capture that recorded a collective here
+  // Small all-reduces within one node run on tandem's own kernel (dist/peer_all_reduce.h); null
+  // where that path is off. `last_peer`: the latest one launched, which the next one follows (not
+  // kept alive for it: once forgotten it has completed, or its capture has ended).
+  std::unique_ptr<PeerAllReduce> peer;
+  std::weak_ptr<NcclWork> last_peer;
   std::mutex own_mutex;
 
   cudaStream_t nccl_stream() const { return static_cast<cudaStream_t>(stream); }
@@ -202,8 +209,18 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
     complete(w);
   }
 
-  // The watchdog's round: NCCL's asynchronous errors, completions, timeouts.
+  // The watchdog's round: NCCL's asynchronous errors, the peer all-reduce's give-ups, completions,
+  // timeouts.
   void watchdog_round() override {
+    if (peer != nullptr && failure.empty()) {
+      const int waited_for = peer->timed_out_peer();
+      if (waited_for >= 0) {
+        fail(::tandem::detail::concat("rank ", rank, ": an all-reduce on tandem's peer kernel waited for rank ",
+                                      waited_for, " past the timeout (", format_seconds(timeout),
+                                      "): that rank probably died, hangs, or issued a different collective"),
+             nullptr);
+      }
+    }
     if (comm != nullptr && failure.empty()) {
       ncclResult_t state = ncclSuccess;
       ncclResult_t status = ncclCommGetAsyncError(comm, &state);
@@ -258,6 +275,18 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
   // inside a CollectivesOnCurrentStream scope, on the caller's stream itself), and tracks it.
   std::shared_ptr<Work> launch(const std::shared_ptr<NcclWork>& w, const Fingerprint& fingerprint, EnqueueRef enqueue);
 
+  // The peer kernel's protocol needs this rank's peer all-reduces to run one after another: one
+  // launched on another stream than the latest one's waits for that one's end (eagerly, or inside
+  // the capture that recorded both). A replayed graph's and an eager one's are ordered by the
+  // caller (the graph's stream, or a wait): tandem's collectives follow the caller's stream.
+  void follow_last_peer(cudaStream_t stream) {
+    const std::shared_ptr<NcclWork> last = last_peer.lock();
+    if (last == nullptr || last->end == nullptr || last->done || last->stream == stream) return;
+    const bool capturing_now = cuda::is_capturing();
+    if (last->captured != capturing_now || (capturing_now && last->capture_id != cuda::capture_id())) return;
+    last->end->wait_on(stream);
+  }
+
   // The watch of the capture under way on this thread, made (and hooked into the graph's replays)
   // by its first collective.
   ReplayWatch& watch_for_capture();
@@ -273,6 +302,7 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
  protected:
   // Aborting stops the communicator's kernels, so the streams waiting on them go on.
   void abort_backend() override {
+    if (peer != nullptr) peer->abort();  // its kernels stop waiting for the other ranks
     if (comm == nullptr) return;
     report_failure(::tandem::detail::concat("rank ", rank, ": aborting the NCCL communicator"));
     try {
@@ -327,6 +357,7 @@ std::shared_ptr<Work> NcclCore::launch(const std::shared_ptr<NcclWork>& w, const
   w->captured = cuda::is_capturing();
   if (w->captured) {
     w->fingerprint = fingerprint;
+    w->capture_id = cuda::capture_id();
   } else {
     stamp(*w, fingerprint);
   }
@@ -506,6 +537,15 @@ class NcclGroup final : public TrackedGroup {
     if (completes_alone()) return complete_alone(name, bytes, fingerprint);  // sum, avg, max, min of one: itself
     auto w = new_state(name, bytes, tensors);
     std::lock_guard<std::mutex> lock(core_->mutex);
+    if (core_->peer != nullptr && tensors.size() == 1 && core_->peer->takes(tensors[0], op)) {
+      std::shared_ptr<Work> work = core_->launch(w, fingerprint, [&](cudaStream_t stream) {
+        core_->follow_last_peer(stream);
+        core_->peer->launch(tensors[0], op, stream);
+        return ncclSuccess;
+      });
+      core_->last_peer = w;
+      return work;
+    }
     return core_->launch(w, fingerprint, [&](cudaStream_t stream) {
       ncclComm_t comm = core_->comm;
       if (tensors.size() == 1) {
@@ -658,6 +698,15 @@ class NcclGroup final : public TrackedGroup {
         if (status == ncclInProgress) status = core_->await_comm(Clock::now(), limit);
         finalized = status == ncclSuccess;
       }
+      if (core_->peer != nullptr) {
+        core_->peer->abort();  // a kernel still waiting (not drained) gives up
+        if (drained) {
+          // Every rank's kernels have finished once finalizing succeeded: the buffers can go.
+          if (finalized) core_->peer->set_peers_finished();
+          core_->peer.reset();
+        }
+      }
+      core_->last_peer.reset();
       if (finalized) {
         ncclCommDestroy(core_->comm);
       } else {
@@ -740,6 +789,12 @@ std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& cpu_group, int devic
   core->location = ::tandem::detail::concat(" on cuda:", device);
   core->stream = cuda::collective_stream(device, settings.high_priority_stream);
   core->ready = std::make_unique<cuda::Event>(/*timing=*/false);
+  std::string why_not;
+  core->peer = PeerAllReduce::create(rank, size, settings.one_node, device, settings.peer_all_reduce_max_bytes,
+                                     settings.timeout_seconds, &why_not);
+  if (core->peer == nullptr && settings.report_peer_path && rank == 0) {
+    report_failure("dist::init: small all-reduces go to NCCL, not tandem's peer kernel: " + why_not);
+  }
   return std::make_shared<NcclGroup>(core);
 }
 

@@ -196,6 +196,17 @@ bool flag_from_env(const char* name, bool fallback, const char* meaning) {
   return value == "1";
 }
 
+// $TANDEM_PEER_ALL_REDUCE_MAX_BYTES: a count of bytes (0 or more) overriding `fallback`.
+int64_t peer_bytes_from_env(int64_t fallback) {
+  const char* env = std::getenv("TANDEM_PEER_ALL_REDUCE_MAX_BYTES");
+  if (env == nullptr || env[0] == '\0') return fallback;
+  char* end = nullptr;
+  long long value = std::strtoll(env, &end, 10);
+  TANDEM_CHECK_AS(ValueError, end != env && *end == '\0' && value >= 0, "TANDEM_PEER_ALL_REDUCE_MAX_BYTES=\"", env,
+                  "\" is not a count of bytes (0 or more; 0 sends every all-reduce to NCCL)");
+  return value;
+}
+
 void finalize_at_exit() { finalize(); }
 
 }  // namespace
@@ -249,6 +260,11 @@ const World& init(const InitOptions& options) {
   const bool high_priority = flag_from_env("TANDEM_COMM_STREAM_HIGH_PRIORITY", options.comm_stream_high_priority,
                                            "the communication stream at the highest priority");
   TANDEM_CHECK_AS(ValueError, timeout > 0, "dist::init: timeout_seconds must be positive, got ", timeout);
+  const int64_t peer_bytes = peer_bytes_from_env(options.peer_all_reduce_max_bytes);
+  TANDEM_CHECK_AS(ValueError, peer_bytes >= 0, "dist::init: peer_all_reduce_max_bytes must be 0 or more, got ",
+                  peer_bytes);
+  const char* peer_env = std::getenv("TANDEM_PEER_ALL_REDUCE_MAX_BYTES");
+  const bool report_peer_path = peer_env != nullptr && peer_env[0] != '\0' && peer_bytes > 0;
 
   const char* dump_env = std::getenv("TANDEM_DIST_DUMP_DIR");
   internal::set_dump_directory(!options.dump_dir.empty() ? options.dump_dir : dump_env != nullptr ? dump_env : "");
@@ -277,7 +293,8 @@ const World& init(const InitOptions& options) {
       if (w.local_rank == 0) internal::report_failure("dist::init: no NCCL group: " + s.no_gpu_group_reason);
     } else {
       w.gpu_group = internal::make_nccl_group(*w.cpu_group, index,
-                                              {timeout, launch_alone, nonblocking, time_collectives, high_priority});
+                                              {timeout, launch_alone, nonblocking, time_collectives, high_priority,
+                                               w.local_size == w.size, peer_bytes, report_peer_path});
     }
   }
   s.world = w;

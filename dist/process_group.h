@@ -170,6 +170,18 @@ struct InitOptions {
   // lets NCCL's blocks be scheduled ahead of the compute stream's when both wait for the GPU.
   // $TANDEM_COMM_STREAM_HIGH_PRIORITY=1 (or 0) overrides it.
   bool comm_stream_high_priority = false;
+  // An all-reduce of one cuda tensor of f32, f64, f16, bf16 (any op) or i32, i64 (sum, max, min)
+  // runs on tandem's own one-shot kernel rather than NCCL when every rank is on one node, 2 to 8
+  // ranks, their GPUs linked by NVLink, and each rank reads at most this many bytes from the others
+  // (the tensor's bytes times size - 1; so 8 MiB tensors on 2 ranks, 1.1 MiB on 8). The kernel is
+  // one launch where NCCL's call takes the host some 7-13 us, which decides a small all-reduce's
+  // speed, and on 2 H200s it also ran 1-16 MiB faster than NCCL's (README, "Collectives on several
+  // GPUs"; not measured on more ranks, where each rank reads more: bench/allreduce tells). Every
+  // rank computes the same bits (a sum in rank order); NCCL's may differ from them in the last
+  // bits. It keeps two staging buffers of the largest tensor on each GPU. 0 turns it off.
+  // $TANDEM_PEER_ALL_REDUCE_MAX_BYTES overrides it, and when set says on rank 0 why the path is off
+  // where it is.
+  int64_t peer_all_reduce_max_bytes = int64_t{8} << 20;
 };
 
 struct World {
