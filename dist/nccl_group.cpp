@@ -184,6 +184,7 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
       w.done = true;  // the event will not pass: forget it
       return;
     }
+    if (fail_if_peer_kernel_gave_up()) return;  // passed without a result
     finish(w);
   }
 
@@ -212,27 +213,13 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
   // The watchdog's round: NCCL's asynchronous errors, the peer all-reduce's give-ups, completions,
   // timeouts.
   void watchdog_round() override {
-    if (peer != nullptr && failure.empty()) {
-      const int waited_for = peer->timed_out_peer();
-      if (waited_for >= 0) {
-        fail(::tandem::detail::concat("rank ", rank, ": an all-reduce on tandem's peer kernel waited for rank ",
-                                      waited_for, " past the timeout (", format_seconds(timeout),
-                                      "): that rank probably died, hangs, or issued a different collective"),
-             nullptr);
-      }
-    }
+    fail_if_peer_kernel_gave_up();
     if (comm != nullptr && failure.empty()) {
       ncclResult_t state = ncclSuccess;
       ncclResult_t status = ncclCommGetAsyncError(comm, &state);
       if (status != ncclSuccess) state = status;
       if (state != ncclSuccess && state != ncclInProgress) {
-        TrackedWork* oldest = nullptr;
-        for (auto& w : pending) {
-          if (!w->done) {
-            oldest = w.get();
-            break;
-          }
-        }
+        TrackedWork* oldest = oldest_pending();
         std::string what = oldest != nullptr
                                ? ::tandem::detail::concat(describe(*oldest), " failed after ",
                                                           format_seconds(seconds_since(oldest->started)))
@@ -243,6 +230,32 @@ class NcclCore final : public WorkTracker, public std::enable_shared_from_this<N
       }
     }
     WorkTracker::watchdog_round();
+  }
+
+  // The peer kernel's backstop (dist/peer_all_reduce.h): a kernel that gave up waiting for a rank
+  // ends, and so do the ends of the collectives after it on its stream, without a result. True
+  // when that happened (the group has failed). The timeout fails such a wait well before.
+  bool fail_if_peer_kernel_gave_up() {
+    if (peer == nullptr) return false;
+    const int waited_for = peer->timed_out_peer();
+    if (waited_for < 0) return false;
+    if (failure.empty()) {
+      TrackedWork* oldest = oldest_pending();
+      std::string what = oldest != nullptr ? describe(*oldest) : ::tandem::detail::concat("rank ", rank);
+      fail(::tandem::detail::concat(what, ": tandem's peer all-reduce kernel waited for rank ", waited_for,
+                                    " and gave up (another rank probably died, hangs, or issued a different "
+                                    "collective)"),
+           oldest);
+    }
+    return true;
+  }
+
+  // The oldest collective not done yet, or null.
+  TrackedWork* oldest_pending() const {
+    for (auto& w : pending) {
+      if (!w->done) return w.get();
+    }
+    return nullptr;
   }
 
   // Polls a non-blocking communicator until the call in progress has finished, for at most `limit`

@@ -104,7 +104,9 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(int rank, int size, bool on
   self->device_ = device;
   a.rank = rank;
   a.size = size;
-  a.timeout_ns = static_cast<uint64_t>(timeout_seconds * 1e9);
+  // Past the group's timeout the watchdog fails the collective waited for, naming it, and the abort
+  // word releases the kernel; its own limit is a backstop for a host that cannot.
+  a.timeout_ns = static_cast<uint64_t>((2 * timeout_seconds + 10) * 1e9);
   // The largest tensor: max_read_bytes over the other ranks' copies, in whole 16-byte vectors.
   a.slot_bytes = (max_read_bytes / (size - 1)) / 16 * 16;
   if (a.slot_bytes < 16) a.slot_bytes = 16;

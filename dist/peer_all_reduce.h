@@ -13,8 +13,10 @@
 // flag says the same call (an acquire load). Then it sums part b of every rank's staging in rank
 // order, so every rank gets the same bits, and writes it back. A slot is written again only two
 // calls later, when every rank has finished the call in between, and so reading the one before.
-// A rank waits for the others for at most the group's timeout, or until the host sets the abort
-// flag (the group failed), and says so through a host-mapped status word that the watchdog reads.
+// A rank waits for the others until the host sets the abort word (the watchdog failed the group,
+// as it does any collective pending past the timeout), or at most twice the timeout and 10 s, a
+// backstop after which the kernel gives up and says so through a host-mapped status word that the
+// watchdog reads.
 #include <cuda_runtime.h>
 
 #include <cstdint>
