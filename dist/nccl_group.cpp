@@ -713,11 +713,7 @@ class NcclGroup final : public TrackedGroup {
       }
       if (core_->peer != nullptr) {
         core_->peer->abort();  // a kernel still waiting (not drained) gives up
-        if (drained) {
-          // Every rank's kernels have finished once finalizing succeeded: the buffers can go.
-          if (finalized) core_->peer->set_peers_finished();
-          core_->peer.reset();
-        }
+        if (drained) core_->peer.reset();  // this rank's kernels are done: its mappings of the others' go
       }
       core_->last_peer.reset();
       if (finalized) {

@@ -178,17 +178,21 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(int rank, int size, bool on
   if (why.empty()) why = agree(opened, size, timeout_seconds);
   if (!why.empty()) {
     *why_not = why;
-    self->peers_finished_ = true;  // no peer mapped this rank's buffer and ran a kernel on it
-    return nullptr;                // the destructor unmaps and frees what was made
+    return nullptr;  // no kernel ran: the destructor unmaps and frees what was made
   }
+  self->ran_ = true;
   return self;
 }
 
 PeerAllReduce::~PeerAllReduce() {
   try {
     cuda::DeviceGuard guard(device_);
+    // Only the NCCL group's shutdown destroys a path that ran, once this rank's kernels are done:
+    // nothing here reads the peers' buffers any more. This rank's own buffer stays until the
+    // process ends (dist::init runs once per process), since a peer's kernel may still read its
+    // slots or store into its flags.
     for (void* mapped : opened_) cudaIpcCloseMemHandle(mapped);
-    if (peers_finished_) {
+    if (!ran_) {
       if (own_ != nullptr) cudaFree(own_);
       if (args_.calls != nullptr) cudaFree(args_.calls);
       if (host_words_ != nullptr) cudaFreeHost(host_words_);

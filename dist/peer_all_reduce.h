@@ -74,10 +74,6 @@ class PeerAllReduce {
   int timed_out_peer() const;
   // Makes waiting kernels give up (the group failed); never throws.
   void abort();
-  // Once the communicator was finalized cleanly: this rank's own buffers can be freed on destruction
-  // (otherwise they are left, since a failed peer may still read them).
-  void set_peers_finished() { peers_finished_ = true; }
-  int64_t max_tensor_bytes() const { return args_.slot_bytes; }
 
  private:
   PeerAllReduce() = default;
@@ -86,7 +82,7 @@ class PeerAllReduce {
   void* own_ = nullptr;       // this rank's IPC-exported buffer: flags, then the 2 slots
   void* host_words_ = nullptr;  // (2,) int, host-mapped: abort flag, status
   std::vector<void*> opened_;   // peers' buffers mapped here
-  bool peers_finished_ = false;
+  bool ran_ = false;            // a kernel may have used the buffers (create() succeeded)
 };
 
 }  // namespace tandem::dist::internal
