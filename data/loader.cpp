@@ -176,6 +176,18 @@ std::vector<int64_t> batch_rows(const std::vector<int64_t>& order, int64_t index
 
 void DataLoader::worker_loop() {
   Shared& s = *shared_;
+  // A new thread's current CUDA device is device 0. This one works for the loader's device: the
+  // events of its copies belong to the context current at their creation, and one made for device
+  // 0 cannot be recorded on another device's stream (a rank on cuda:1 failed so). PyTorch's
+  // pin-memory thread sets its device the same way.
+  std::exception_ptr device_error;
+  if (options_.device.is_cuda()) {
+    try {
+      cuda::set_device(options_.device.index);
+    } catch (...) {
+      device_error = std::current_exception();  // raised with the first batch
+    }
+  }
   std::unique_lock<std::mutex> lock(s.mutex);
   while (true) {
     s.cv.wait(lock, [&] {
@@ -188,6 +200,7 @@ void DataLoader::worker_loop() {
     std::optional<Batch> batch;
     std::exception_ptr error;
     try {
+      if (device_error) std::rethrow_exception(device_error);
       std::vector<int64_t> rows = batch_rows(s.order, index, options_.batch_size);
       lock.unlock();
       batch = make_batch(index, std::move(rows));

@@ -290,5 +290,27 @@ TEST(DataLoader, DeliversBatchesOnTheGpu) {
   EXPECT_EQ(b->targets.to_vector<int64_t>(), b->sample_indices);
 }
 
+// A rank bound to a GPU other than the first (mpirun -np 2 on two GPUs: rank 1 on cuda:1): the
+// background thread's copies, and the events it waits on, belong to that GPU.
+TEST(DataLoader, DeliversBatchesOnASecondGpu) {
+  TANDEM_REQUIRE_CUDA();
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs, this machine has " << cuda::device_count();
+  Dataset d = make_dataset(300);
+  DataLoaderOptions o = make_options(32, true, 9);
+  o.device = Device("cuda:1");
+  DataLoader gpu(d.inputs, d.targets, o);
+  DataLoader cpu(d.inputs, d.targets, make_options(32, true, 9));
+  gpu.start_epoch(0);
+  cpu.start_epoch(0);
+  while (auto g = gpu.next()) {
+    auto c = cpu.next();
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(g->inputs.device(), Device("cuda:1"));
+    EXPECT_EQ(g->inputs.to_vector<float>(), c->inputs.to_vector<float>());
+    EXPECT_EQ(g->targets.to_vector<int64_t>(), c->targets.to_vector<int64_t>());
+  }
+  EXPECT_FALSE(cpu.next().has_value());
+}
+
 }  // namespace
 }  // namespace tandem::data
