@@ -43,7 +43,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::string variant_name(int variant) {
   static const char* configs[kConfigs] = {"128x256 tiles, cooperative, clusters 2x1",
-                                          "128x128 tiles, ping-pong, clusters 2x1", "64x128 tiles, ping-pong"};
+                                          "128x128 tiles, ping-pong, clusters 2x1, epilogue 64x64",
+                                          "64x128 tiles, ping-pong"};
   return detail::concat("CUTLASS sm90 ", configs[variant / 4], ", raster along ", (variant / 2) % 2 == 0 ? "n" : "m",
                         ", swizzle ", variant % 2 == 0 ? 1 : 4);
 }

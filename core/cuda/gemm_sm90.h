@@ -52,9 +52,9 @@ struct Problem {
 
 // Kernel configurations (tile, cluster, schedule): 0 = 128 x 256 tiles, two consumer warp groups
 // sharing each, clusters of 2 along m (large products); 1 = 128 x 128 tiles, two warp groups
-// taking turns on the tensor cores, clusters of 2 along m; 2 = 64 x 128 tiles, the same
-// schedule, one block per cluster (products of few tiles). Each also takes a raster order and
-// swizzle width: kVariants launch variants in all.
+// taking turns on the tensor cores, clusters of 2 along m, stored in 64 x 64 pieces; 2 = 64 x 128
+// tiles, the same schedule, one block per cluster (products of few tiles). Each also takes a
+// raster order and swizzle width: kVariants launch variants in all.
 constexpr int kConfigs = 3;
 constexpr int kVariants = kConfigs * 4;
 std::string variant_name(int variant);
