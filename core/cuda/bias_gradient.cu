@@ -23,9 +23,11 @@ namespace tandem::cuda {
 namespace {
 constexpr int kWarps = 8;  // warps per block, each taking every 8th row of the chunk
 // Rows a warp loads before computing any: through GELU 2 (1024 x 4096 bf16 on an H200, that kernel
-// alone: 8.50 us, against 8.94 loading one); plain sums, which load one vector a row, 4.
+// alone: 8.50 us, against 8.94 loading one); plain sums, which load one vector a row, 8. A warp's
+// last rows go in batches of half as many, and so on down to one, so that they too share round
+// trips to memory.
 template <bool Gelu>
-constexpr int kRowsInFlight = Gelu ? 2 : 4;
+constexpr int kRowsInFlight = Gelu ? 2 : 8;
 
 template <typename T>
 using sum_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -73,11 +75,20 @@ __global__ void __launch_bounds__(32 * kWarps)
       }
     }
   };
+  // This warp's rows from r on, R at a time while R remain; returns the first row left.
+  auto in_batches = [&](int64_t r, auto rows_in_flight) {
+    constexpr int R = decltype(rows_in_flight)::value;
+    if constexpr (R <= kRowsInFlight<Gelu>) {
+      for (; r + (R - 1) * kWarps < end; r += R * kWarps) rows_from(r, rows_in_flight);
+    }
+    return r;
+  };
   if (vector < n / V) {
-    constexpr int R = kRowsInFlight<Gelu>;
     int64_t r = begin + threadIdx.y;
-    for (; r + (R - 1) * kWarps < end; r += R * kWarps) rows_from(r, std::integral_constant<int, R>());
-    for (; r < end; r += kWarps) rows_from(r, std::integral_constant<int, 1>());
+    r = in_batches(r, std::integral_constant<int, 8>());
+    r = in_batches(r, std::integral_constant<int, 4>());
+    r = in_batches(r, std::integral_constant<int, 2>());
+    in_batches(r, std::integral_constant<int, 1>());
   }
 #pragma unroll
   for (int k = 0; k < V; ++k) sums[threadIdx.y][threadIdx.x * V + k] = acc[k];
