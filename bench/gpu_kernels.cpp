@@ -12,8 +12,12 @@
 // ("attention_*_tf32"), f32 under "highest" (3xTF32), bf16 on the kernels the build routes it to
 // (cuDNN's with its frontend; TANDEM_ATTENTION changes that) and bf16 on tandem's own flash
 // kernels ("attention_*_bf16_flash") and on cuDNN's ("attention_*_bf16_cudnn") where it has both.
-// Usage: gpu_kernels [--conv-only | --attention-only]. TANDEM_CUDNN_LOG=1 prints cuDNN's choices
-// (core/cuda/cudnn_conv.cpp).
+// GPT-2's row kernels at B 8, T 1024 in bf16 ("gpt2_*"): layer norm of x + residual (+ the
+// residual's bias) forward, its backward with the gradient from the residual stream added and the
+// weight's, bias's and residual bias's gradients summed, and cross-entropy over 50257 classes
+// writing its gradient; GB/s counts each tensor read or written once.
+// Usage: gpu_kernels [--conv-only | --attention-only | --gpt2-rows-only]. TANDEM_CUDNN_LOG=1
+// prints cuDNN's choices (core/cuda/cudnn_conv.cpp).
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +26,7 @@
 #include <thread>
 
 #include "gpu_timer.h"
+#include "tandem/core/backend.h"
 #include "tandem/core/cuda_api.h"
 #include "tandem/core/kernels.h"
 #include "tandem/tandem.h"
@@ -112,6 +117,38 @@ const int kResNet18Count[] = {1, 4, 1, 3, 1, 1, 3, 1, 1, 3, 1};
 
 void resnet18_convs();
 
+void gpt2_row_kernels() {
+  const int64_t rows = 8 * 1024, d = 768, classes = 50257;
+  const TensorOptions bf16(DType::bf16, kGpu), f32(DType::f32, kGpu);
+  const double row_bytes = static_cast<double>(rows) * d * 2;  // one (rows, D) bf16 tensor
+  auto gpu_ms = [](const CallTimes& t) { return ", \"gpu_ms\": " + std::to_string(t.gpu_ms); };
+
+  Tensor x = randn({rows, d}, bf16), residual = randn({rows, d}, bf16);       // (rows, D)
+  Tensor residual_bias = randn({d}, bf16), weight = randn({d}, bf16), bias = randn({d}, bf16);  // (D,)
+  Tensor sum = empty({rows, d}, bf16), out = empty({rows, d}, bf16);          // (rows, D)
+  Tensor mean = empty({rows}, f32), rstd = empty({rows}, f32);                // (rows,)
+  CallTimes fwd = time_call([&] {
+    cuda::add_layer_norm_forward(x, residual, residual_bias, weight, bias, sum, out, mean, rstd, 1e-5);
+  });
+  emit("gpt2_add_layer_norm_fwd_bf16", fwd.ms, 4 * row_bytes, 0, gpu_ms(fwd));
+
+  Tensor grad_out = randn({rows, d}, bf16), pending = randn({rows, d}, bf16);  // (rows, D)
+  Tensor grad_x = empty({rows, d}, bf16);                                     // (rows, D)
+  Tensor grad_weight = empty({d}, bf16), grad_bias = empty({d}, bf16), grad_x_sum = empty({d}, bf16);  // (D,)
+  CallTimes bwd = time_call([&] {
+    cuda::layer_norm_backward(grad_out, sum, weight, mean, rstd, pending, grad_x, grad_weight, grad_bias, grad_x_sum);
+  });
+  emit("gpt2_layer_norm_bwd_bf16", bwd.ms, 4 * row_bytes, 0, gpu_ms(bwd));
+  x = residual = sum = out = grad_out = pending = grad_x = Tensor();
+
+  Tensor logits = randn({rows, classes}, bf16);                       // (rows, C)
+  Tensor target = randint(0, classes, {rows}, TensorOptions(DType::i64, kGpu));  // (rows,)
+  Tensor count = full({}, static_cast<double>(rows), f32);            // the mean's divisor
+  Tensor losses = empty({rows}, f32), grad = empty({rows, classes}, bf16);
+  CallTimes loss = time_call([&] { cuda::cross_entropy_with_grad(logits, target, count, losses, grad, -100, 0.0); });
+  emit("gpt2_cross_entropy_with_grad_bf16", loss.ms, 2.0 * rows * classes * 2, 0, gpu_ms(loss));
+}
+
 void attention_kernels() {
   const int64_t b = 8, h = 12, t = 1024, d = 64;
   const double fwd_flops = 2.0 * b * h * t * t * d;  // two (T x T x D) products, half of them masked
@@ -161,8 +198,11 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--attention-only") == 0) {
       attention_kernels();
       return 0;
+    } else if (std::strcmp(argv[i], "--gpt2-rows-only") == 0) {
+      gpt2_row_kernels();
+      return 0;
     } else {
-      std::fprintf(stderr, "usage: gpu_kernels [--conv-only | --attention-only]\n");
+      std::fprintf(stderr, "usage: gpu_kernels [--conv-only | --attention-only | --gpt2-rows-only]\n");
       return 2;
     }
   }
@@ -207,6 +247,7 @@ int main(int argc, char** argv) {
   x = y = x16 = y16 = Tensor();
 
   attention_kernels();
+  gpt2_row_kernels();
   resnet18_convs();
   return 0;
 }

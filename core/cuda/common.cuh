@@ -70,6 +70,52 @@ __device__ __forceinline__ void store_packed(T* p, int64_t vector_index, const P
   reinterpret_cast<Packed<T, V>*>(p)[vector_index] = v;
 }
 
+// A vector's elements in acc_t<T>. 16-bit types go a 32-bit word (two elements) at a time: a
+// bf16's float is its bits moved to the high half, one instruction each, where converting
+// element by element also spends one to take the high element out of its word.
+template <typename T, int V>
+__device__ __forceinline__ void unpack(const Packed<T, V>& p, acc_t<T> (&out)[V]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && V % 2 == 0) {
+    const auto* words = reinterpret_cast<const uint32_t*>(p.v);
+#pragma unroll
+    for (int i = 0; i < V / 2; ++i) {
+      out[2 * i] = __uint_as_float(words[i] << 16);
+      out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+  } else if constexpr (std::is_same_v<T, __half> && V % 2 == 0) {
+    const auto* pairs = reinterpret_cast<const __half2*>(p.v);
+#pragma unroll
+    for (int i = 0; i < V / 2; ++i) {
+      const float2 f = __half22float2(pairs[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = to_acc(p.v[k]);
+  }
+}
+
+// V values rounded to T (to nearest, ties to even, as cast_to rounds), 16-bit types two at a time
+// (one conversion instruction a pair, with no repacking after it).
+template <typename T, int V>
+__device__ __forceinline__ Packed<T, V> pack_rounded(const acc_t<T> (&in)[V]) {
+  Packed<T, V> p;
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && V % 2 == 0) {
+    auto* pairs = reinterpret_cast<__nv_bfloat162*>(p.v);
+#pragma unroll
+    for (int i = 0; i < V / 2; ++i) pairs[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+  } else if constexpr (std::is_same_v<T, __half> && V % 2 == 0) {
+    auto* pairs = reinterpret_cast<__half2*>(p.v);
+#pragma unroll
+    for (int i = 0; i < V / 2; ++i) pairs[i] = __floats2half2_rn(in[2 * i], in[2 * i + 1]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) p.v[k] = cast_to<T>(in[k]);
+  }
+  return p;
+}
+
 // ---- launching ----
 inline int blocks_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 8) {
   int64_t b = (n + threads - 1) / threads;

@@ -322,17 +322,23 @@ __global__ void layer_norm_backward_rows(const T* __restrict__ grad_out, const T
       load_vector<T, V>(xr, j, xv);
       if (weight) load_vector<T, V>(weight, j, wv);
       if (pendr) load_vector<T, V>(pendr, j, pv);
-      Packed<T, V> pack;
+      S dx[V];
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const S xhat = (xv[k] - mu) * rs;
         const S g = weight ? gv[k] * wv[k] : gv[k];
-        pack.v[k] = cast_to<T>(rs * (g - a - xhat * b) + (pendr ? pv[k] : S(0)));
+        dx[k] = rs * (g - a - xhat * b);
+        if (pendr) dx[k] += pv[k];
         if (columns) {
           my_dw[j * V + k] += gv[k] * xhat;  // each lane owns its columns: no races, a fixed order
           my_db[j * V + k] += gv[k];
-          if (my_ds) my_ds[j * V + k] += static_cast<S>(to_acc(pack.v[k]));
         }
+      }
+      const Packed<T, V> pack = pack_rounded<T, V>(dx);
+      if (my_ds) {
+        unpack(pack, dx);  // dx as rounded
+#pragma unroll
+        for (int k = 0; k < V; ++k) my_ds[j * V + k] += dx[k];
       }
       reinterpret_cast<Packed<T, V>*>(dxr)[j] = pack;
     }
@@ -397,7 +403,6 @@ __device__ __forceinline__ void backward_short_rows(
     for (int64_t o = lane; o < kSlice; o += 32) dx_sums[o] = S(0);
   }
   __syncwarp();
-  auto value = [](T v) { return static_cast<S>(to_acc(v)); };
   for (int64_t row = block * warps + threadIdx.y; row < rows; row += blocks * warps) {
     const S mu = mean[row], rs = rstd[row];
     Packed<T, V> gv[kItems], xv[kItems], pv[kItems];  // this lane's vectors of the row's dy, x, pending
@@ -412,40 +417,56 @@ __device__ __forceinline__ void backward_short_rows(
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       if (!owned(i)) continue;
-      S wv[V];  // the weight, read again per row from L1 rather than held in registers
-      if (weight) load_vector<T, V>(weight, lane + 32 * i, wv);
+      S g[V], xs[V];
+      unpack(gv[i], g);
+      unpack(xv[i], xs);
+      if (weight) {
+        S wv[V];  // the weight, read again per row from L1 rather than held in registers
+        load_vector<T, V>(weight, lane + 32 * i, wv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) g[k] *= wv[k];
+      }
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const S g = weight ? value(gv[i].v[k]) * wv[k] : value(gv[i].v[k]);
-        sum_g += g;
-        sum_gx += g * ((value(xv[i].v[k]) - mu) * rs);
+        sum_g += g[k];
+        sum_gx += g[k] * ((xs[k] - mu) * rs);
       }
     }
     const S a = warp_sum(sum_g) * inv_d, b = warp_sum(sum_gx) * inv_d;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       if (!owned(i)) continue;
-      S wv[V], dw[V], db[V];
-      if (weight) load_vector<T, V>(weight, lane + 32 * i, wv);
-      Packed<T, V> pack;
+      S dy[V], xhat[V], dx[V];
+      unpack(gv[i], dy);
+      unpack(xv[i], xhat);
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const S xhat = (value(xv[i].v[k]) - mu) * rs;
-        const S g = weight ? value(gv[i].v[k]) * wv[k] : value(gv[i].v[k]);
-        pack.v[k] = cast_to<T>(rs * (g - a - xhat * b) + (pending ? value(pv[i].v[k]) : S(0)));
-        dw[k] = value(gv[i].v[k]) * xhat;
-        db[k] = value(gv[i].v[k]);
+      for (int k = 0; k < V; ++k) xhat[k] = (xhat[k] - mu) * rs;
+      if (weight) {
+        S wv[V];
+        load_vector<T, V>(weight, lane + 32 * i, wv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) dx[k] = rs * (dy[k] * wv[k] - a - xhat[k] * b);
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) dx[k] = rs * (dy[k] - a - xhat[k] * b);
       }
+      if (pending) {
+        S p[V];
+        unpack(pv[i], p);
+#pragma unroll
+        for (int k = 0; k < V; ++k) dx[k] += p[k];
+      }
+      const Packed<T, V> pack = pack_rounded<T, V>(dx);
       reinterpret_cast<Packed<T, V>*>(grad_x + row * d)[lane + 32 * i] = pack;
       if (sums) {  // each lane owns its columns: no races, and a fixed order
-        Slice::accumulate(sums, i, lane, dw);
-        Slice::accumulate(sums + kSlice, i, lane, db);
+#pragma unroll
+        for (int k = 0; k < V; ++k) xhat[k] *= dy[k];  // dy * xhat
+        Slice::accumulate(sums, i, lane, xhat);
+        Slice::accumulate(sums + kSlice, i, lane, dy);
       }
       if (dx_sums) {
-        S ds[V];
-#pragma unroll
-        for (int k = 0; k < V; ++k) ds[k] = value(pack.v[k]);
-        Slice::accumulate(dx_sums, i, lane, ds);
+        unpack(pack, dx);  // dx as rounded
+        Slice::accumulate(dx_sums, i, lane, dx);
       }
     }
   }
@@ -483,7 +504,6 @@ __global__ void __launch_bounds__(32 * W * split_backward_rows(W))
   const int64_t j = threadIdx.x;  // this thread's vector of every row it takes
   const bool in_row = j < d / V;
   const S inv_d = S(1) / static_cast<S>(d);
-  auto value = [](T v) { return static_cast<S>(to_acc(v)); };
   S wv[V];  // the weight's vector j, the same for every row
 #pragma unroll
   for (int k = 0; k < V; ++k) wv[k] = S(1);
@@ -504,11 +524,13 @@ __global__ void __launch_bounds__(32 * W * split_backward_rows(W))
       mu = mean[row];
       rs = rstd[row];
     }
-    S xhat[V], sum_g = 0, sum_gx = 0;
+    S dy[V], xhat[V], sum_g = 0, sum_gx = 0;
+    unpack(gv, dy);
+    unpack(xv, xhat);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      xhat[k] = (value(xv.v[k]) - mu) * rs;
-      const S g = value(gv.v[k]) * wv[k];
+      xhat[k] = (xhat[k] - mu) * rs;
+      const S g = dy[k] * wv[k];
       sum_g += g;
       sum_gx += g * xhat[k];
     }
@@ -528,15 +550,23 @@ __global__ void __launch_bounds__(32 * W * split_backward_rows(W))
     a *= inv_d;
     b *= inv_d;
     if (!owned) continue;
-    Packed<T, V> pack;
+    S dx[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const S g = value(gv.v[k]) * wv[k];
-      pack.v[k] = cast_to<T>(rs * (g - a - xhat[k] * b) + (pending ? value(pv.v[k]) : S(0)));
-      dw[k] += value(gv.v[k]) * xhat[k];
-      db[k] += value(gv.v[k]);
-      ds[k] += value(pack.v[k]);
+      dx[k] = rs * (dy[k] * wv[k] - a - xhat[k] * b);
+      dw[k] += dy[k] * xhat[k];
+      db[k] += dy[k];
     }
+    if (pending) {
+      S p[V];
+      unpack(pv, p);
+#pragma unroll
+      for (int k = 0; k < V; ++k) dx[k] += p[k];
+    }
+    const Packed<T, V> pack = pack_rounded<T, V>(dx);
+    unpack(pack, dx);  // dx as rounded
+#pragma unroll
+    for (int k = 0; k < V; ++k) ds[k] += dx[k];
     reinterpret_cast<Packed<T, V>*>(grad_x + row * d)[j] = pack;
   }
   if (!partial_dw) return;

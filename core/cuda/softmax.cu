@@ -375,11 +375,11 @@ __device__ __forceinline__ void write_row_gradient(const RowSplit<T, V>& split, 
   if (threadIdx.x < split.head) d[threadIdx.x] = gradient(scalar_at(threadIdx.x));
   if (threadIdx.x < tail_count) d[split.tail + threadIdx.x] = gradient(scalar_at(split.tail + threadIdx.x));
   for (int64_t j = threadIdx.x; j < split.vectors; j += blockDim.x) {
-    const P p = vector_at(j);
-    P out;
+    A v[V];
+    unpack(vector_at(j), v);  // A is acc_t<T> (f32 for the 16-bit types)
 #pragma unroll
-    for (int k = 0; k < V; ++k) out.v[k] = gradient(static_cast<A>(to_acc(p.v[k])));
-    d_vectors[j] = out;
+    for (int k = 0; k < V; ++k) v[k] = fma(unit, p_of(v[k]), minus_unit_uniform);
+    d_vectors[j] = pack_rounded<T, V>(v);  // the same rounding as gradient()'s cast_to
   }
   if (t < 0 || t >= classes) return;  // an invalid target: every element is a non-target
   const int64_t owner = t < split.head ? t : t >= split.tail ? t - split.tail : ((t - split.head) / V) % blockDim.x;
@@ -444,8 +444,7 @@ __global__ void __launch_bounds__(1024) cross_entropy_rows(const T* __restrict__
         if (j >= split.vectors) break;
         if constexpr (Grad == GradPass::from_shared) kept_vectors[j] = p[u];
         A v[V];
-#pragma unroll
-        for (int k = 0; k < V; ++k) v[k] = static_cast<A>(to_acc(p[u].v[k]));
+        unpack(p[u], v);
         fold_values<decltype(smoothed)::value>(v, V, m, s, total);
       }
     }
