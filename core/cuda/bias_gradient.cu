@@ -61,18 +61,19 @@ __global__ void __launch_bounds__(32 * kWarps)
     }
 #pragma unroll
     for (int q = 0; q < R; ++q) {
+      acc_t<T> v[V];  // 16-bit elements widened a 32-bit word at a time
+      unpack(g[q], v);
       if constexpr (Gelu) {
-        Packed<T, V> out;
+        acc_t<T> pre_v[V];
+        unpack(x[q], pre_v);
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-          out.v[k] = cast_to<T>(gelu_backward(to_acc(g[q].v[k]), to_acc(x[q].v[k])));
-          acc[k] += static_cast<S>(to_acc(out.v[k]));
-        }
+        for (int k = 0; k < V; ++k) v[k] = gelu_backward(v[k], pre_v[k]);
+        const Packed<T, V> out = pack_rounded<T, V>(v);
         reinterpret_cast<Packed<T, V>*>(d_pre + (r + q * kWarps) * n)[vector] = out;
-      } else {
-#pragma unroll
-        for (int k = 0; k < V; ++k) acc[k] += static_cast<S>(to_acc(g[q].v[k]));
+        unpack(out, v);  // what is summed is d_pre as stored
       }
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] += static_cast<S>(v[k]);
     }
   };
   // This warp's rows from r on, R at a time while R remain; returns the first row left.
