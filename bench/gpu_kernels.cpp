@@ -145,6 +145,10 @@ void gpt2_row_kernels() {
   Tensor target = randint(0, classes, {rows}, TensorOptions(DType::i64, kGpu));  // (rows,)
   Tensor count = full({}, static_cast<double>(rows), f32);            // the mean's divisor
   Tensor losses = empty({rows}, f32), grad = empty({rows, classes}, bf16);
+  emit("gpt2_logits_copy_bf16", bench::median_ms([&] {
+         TANDEM_CUDA_CHECK(cudaMemcpyAsync(grad.data_ptr(), logits.data_ptr(), logits.nbytes(), cudaMemcpyDeviceToDevice,
+                                           cuda::current_stream(0)));
+       }), 2.0 * rows * classes * 2, 0);
   CallTimes loss = time_call([&] { cuda::cross_entropy_with_grad(logits, target, count, losses, grad, -100, 0.0); });
   emit("gpt2_cross_entropy_with_grad_bf16", loss.ms, 2.0 * rows * classes * 2, 0, gpu_ms(loss));
 }
