@@ -15,7 +15,8 @@
 // GPT-2's row kernels at B 8, T 1024 in bf16 ("gpt2_*"): layer norm of x + residual (+ the
 // residual's bias) forward, its backward with the gradient from the residual stream added and the
 // weight's, bias's and residual bias's gradients summed, and cross-entropy over 50257 classes
-// writing its gradient; GB/s counts each tensor read or written once.
+// writing its gradient, beside a device-to-device copy of the logits (the bytes cross-entropy
+// moves: its ceiling); GB/s counts each tensor read or written once.
 // Usage: gpu_kernels [--conv-only | --attention-only | --gpt2-rows-only]. TANDEM_CUDNN_LOG=1
 // prints cuDNN's choices (core/cuda/cudnn_conv.cpp).
 #include <atomic>
