@@ -371,15 +371,18 @@ __device__ __forceinline__ void write_row_gradient(const RowSplit<T, V>& split, 
   const ExpFrom<A> p_of(lse);
   const A uniform = eps / static_cast<A>(classes);
   const A minus_unit_uniform = -(unit * uniform);
-  auto gradient = [&](A v) { return cast_to<T>(fma(unit, p_of(v), minus_unit_uniform)); };
-  if (threadIdx.x < split.head) d[threadIdx.x] = gradient(scalar_at(threadIdx.x));
-  if (threadIdx.x < tail_count) d[split.tail + threadIdx.x] = gradient(scalar_at(split.tail + threadIdx.x));
+  // A non-target element's gradient before rounding to T.
+  auto unrounded = [&](A v) { return fma(unit, p_of(v), minus_unit_uniform); };
+  if (threadIdx.x < split.head) d[threadIdx.x] = cast_to<T>(unrounded(scalar_at(threadIdx.x)));
+  if (threadIdx.x < tail_count) {
+    d[split.tail + threadIdx.x] = cast_to<T>(unrounded(scalar_at(split.tail + threadIdx.x)));
+  }
   for (int64_t j = threadIdx.x; j < split.vectors; j += blockDim.x) {
     A v[V];
     unpack(vector_at(j), v);  // A is acc_t<T> (f32 for the 16-bit types)
 #pragma unroll
-    for (int k = 0; k < V; ++k) v[k] = fma(unit, p_of(v[k]), minus_unit_uniform);
-    d_vectors[j] = pack_rounded<T, V>(v);  // the same rounding as gradient()'s cast_to
+    for (int k = 0; k < V; ++k) v[k] = unrounded(v[k]);
+    d_vectors[j] = pack_rounded<T, V>(v);  // the same rounding as cast_to
   }
   if (t < 0 || t >= classes) return;  // an invalid target: every element is a non-target
   const int64_t owner = t < split.head ? t : t >= split.tail ? t - split.tail : ((t - split.head) / V) % blockDim.x;
