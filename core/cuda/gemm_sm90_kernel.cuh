@@ -154,8 +154,10 @@ bool launch(const Problem& p, int variant, int device, cudaStream_t stream) {
   args.epilogue.ptr_D = static_cast<T*>(p.d);
   args.epilogue.dD = leading_dimension<typename Kernel::StrideD>(p.ldd);
   auto& fusion = args.epilogue.thread;
-  fusion.alpha = 1.0f;
-  fusion.beta = 0.0f;
+  if constexpr (epilogue != Epilogue::dgelu_aux_bias_partials) {  // that one has no alpha or beta
+    fusion.alpha = 1.0f;
+    fusion.beta = 0.0f;
+  }
   if constexpr (epilogue == Epilogue::bias || epilogue == Epilogue::bias_gelu_aux) {
     fusion.bias_ptr = static_cast<const T*>(p.bias);
   }
