@@ -14,22 +14,23 @@
 #include <cutlass/epilogue/fusion/operations.hpp>
 #include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
 
+#include "tandem/core/cuda/gemm_sm90_gelu.cuh"
+
 namespace tandem::cuda::sm90 {
 
 // The fusion operation: LinCombDeEltAct's, as a type of its own for the callbacks below.
 template <typename T>
-struct DgeluBiasPartials : cutlass::epilogue::fusion::LinCombDeEltAct<cutlass::layout::RowMajor,
-                                                                      cutlass::epilogue::thread::dGELU, T, float, T> {};
+struct DgeluBiasPartials : cutlass::epilogue::fusion::LinCombDeEltAct<cutlass::layout::RowMajor, Dgelu, T, float, T> {};
 
 }  // namespace tandem::cuda::sm90
 
 namespace cutlass::epilogue::fusion {
 
-// D = gelu_tanh'(aux) * acc in f32, rounded to T: LinCombDeEltAct's tree without its alpha and
-// beta * C terms (alpha 1, no C), aux read as T.
+// D = gelu_tanh'(aux) * acc in f32 (tandem's Dgelu), rounded to T: LinCombDeEltAct's tree
+// without its alpha and beta * C terms (alpha 1, no C), aux read as T.
 template <int Stages, class EpilogueTile, class T, class SmemLayoutAtom, class CopyOpS2R>
 using TandemDgeluOfAcc =
-    Sm90EVT<Sm90Compute<thread::dGELU, T, float, FloatRoundStyle::round_to_nearest>, Sm90AccFetch,
+    Sm90EVT<Sm90Compute<tandem::cuda::sm90::Dgelu, T, float, FloatRoundStyle::round_to_nearest>, Sm90AccFetch,
             Sm90AuxLoad<Stages, EpilogueTile, T, cute::Stride<int64_t, cute::_1, int64_t>, SmemLayoutAtom, CopyOpS2R,
                         /*Alignment=*/128 / sizeof_bits_v<T>, /*EnableNullptr=*/false>>;
 // Column sums of the values visited, in f32: each tile's sums over its rows, written (not added)

@@ -61,8 +61,7 @@ struct Fusion<Epilogue::bias_gelu_aux, T> {
 
 template <typename T>
 struct Fusion<Epilogue::dgelu_aux, T> {
-  using Op = cutlass::epilogue::fusion::LinCombDeEltAct<cutlass::layout::RowMajor, cutlass::epilogue::thread::dGELU, T,
-                                                        float, T>;
+  using Op = cutlass::epilogue::fusion::LinCombDeEltAct<cutlass::layout::RowMajor, Dgelu, T, float, T>;
 };
 
 template <typename T>
