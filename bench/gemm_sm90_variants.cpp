@@ -101,16 +101,12 @@ int main(int argc, char** argv) {
   for (int v = 0; v < sm90::kVariants; ++v) std::printf(" %7d", v);
   std::printf("\n");
   for (const Named& n : all) {
+    std::vector<double> ms(sm90::kVariants);
+    for (int v = 0; v < sm90::kVariants; ++v) ms[v] = bench::median_ms([&] { launch(n.problem, v); }, 5, 50);
     std::printf("%-40s", n.name);
-    for (int v = 0; v < sm90::kVariants; ++v) {
-      const double ms = bench::median_ms([&] { launch(n.problem, v); }, 5, 50);
-      std::printf(" %7.1f", ms * 1e3);
-    }
+    for (double t : ms) std::printf(" %7.1f", t * 1e3);
     std::printf("\n%-40s", "");
-    for (int v = 0; v < sm90::kVariants; ++v) {
-      const double ms = bench::median_ms([&] { launch(n.problem, v); }, 2, 20);
-      std::printf(" %7.0f", flops / ms / 1e9);
-    }
+    for (double t : ms) std::printf(" %7.0f", flops / t / 1e9);
     std::printf("\n");
   }
   for (int v = 0; v < sm90::kVariants; ++v) std::printf("variant %2d: %s\n", v, sm90::variant_name(v).c_str());
