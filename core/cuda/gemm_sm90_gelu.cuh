@@ -1,5 +1,13 @@
 #pragma once
-// GELU's (tanh form) derivative for tandem's sm_90 epilogues: d * gelu'(z) in f32, with
+// GELU (tanh form) in tandem's sm_90 epilogues (gemm_sm90.h's bias_gelu_aux forward and dgelu_*
+// input gradients).
+//
+// The forward, BiasGeluAux: pre = acc + bias in f32, stored to aux as T, and D = gelu_tanh(pre)
+// (CUTLASS's GELU_taylor<float>), as CUTLASS's LinCombPerColBiasEltActAux computes it but
+// without that operation's alpha * acc and beta * C terms (alpha 1, no C), which its epilogue
+// computed per value all the same.
+//
+// The derivative, Dgelu: d * gelu'(z) in f32, with
 // t = tanh(k0 (z + k1 z^3)) on the hardware's tanh (CUTLASS's fast_tanh, as its dGELU):
 //   gelu'(z) = 0.5 (1 + t) + 0.5 z (1 - t^2) (k0 + 3 k0 k1 z^2).
 // The same derivative as CUTLASS's thread::dGELU, in 10 f32 operations and one tanh against its
@@ -9,6 +17,9 @@
 // it (README, "tandem's CUTLASS kernels on sm_90"). Rounding differs from dGELU's in the last
 // bits of f32.
 #include <cutlass/array.h>
+#include <cutlass/epilogue/fusion/operations.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/epilogue/thread/activation.h>
 #include <cutlass/fast_math.h>
 
 namespace tandem::cuda::sm90 {
@@ -43,4 +54,43 @@ struct Dgelu<cutlass::Array<float, N>> {
   }
 };
 
+// The forward's fusion operation: LinCombPerColBiasEltActAux's, as a type of its own for the
+// callbacks below.
+template <typename T>
+struct BiasGeluAux : cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<
+                         cutlass::layout::RowMajor, cutlass::epilogue::thread::GELU_taylor, T, float, T, T> {};
+
 }  // namespace tandem::cuda::sm90
+
+namespace cutlass::epilogue::fusion {
+
+// D = gelu_tanh(pre), aux = pre as T, pre = acc + bias (n,) in f32.
+template <int StagesD, class CtaTileShapeMNK, class EpilogueTile, class T, class SmemLayoutAtom, class CopyOpR2S>
+using TandemBiasGeluAux = Sm90EVT<
+    Sm90Compute<thread::GELU_taylor, T, float, FloatRoundStyle::round_to_nearest>,
+    Sm90EVT<Sm90AuxStore<StagesD, EpilogueTile, T, FloatRoundStyle::round_to_nearest,
+                         cute::Stride<int64_t, cute::_1, int64_t>, SmemLayoutAtom, CopyOpR2S>,
+            Sm90EVT<Sm90Compute<plus, float, float, FloatRoundStyle::round_to_nearest>, Sm90AccFetch,
+                    Sm90RowBroadcast<0, CtaTileShapeMNK, T, float, cute::Stride<cute::_0, cute::_1, int64_t>>>>>;
+
+template <int StagesC, int StagesD, int FragmentSize, bool ReuseSmemC, bool DelayTmaStore, class T,
+          class CtaTileShapeMNK, class EpilogueTile, class SmemLayoutAtom, class CopyOpR2S>
+struct FusionCallbacks<epilogue::Sm90TmaWarpSpecialized<StagesC, StagesD, FragmentSize, ReuseSmemC, DelayTmaStore>,
+                       tandem::cuda::sm90::BiasGeluAux<T>, CtaTileShapeMNK, EpilogueTile, SmemLayoutAtom, CopyOpR2S>
+    : TandemBiasGeluAux<StagesD, CtaTileShapeMNK, EpilogueTile, T, SmemLayoutAtom, CopyOpR2S> {
+  using Impl = TandemBiasGeluAux<StagesD, CtaTileShapeMNK, EpilogueTile, T, SmemLayoutAtom, CopyOpR2S>;
+  using Operation = tandem::cuda::sm90::BiasGeluAux<T>;
+
+  // The bias (n,), and aux (m, n) with its strides.
+  struct Arguments {
+    T const* bias_ptr = nullptr;
+    T* aux_ptr = nullptr;
+    cute::Stride<int64_t, cute::_1, int64_t> dAux = {};
+
+    operator typename Impl::Arguments() const { return {{{{}, {bias_ptr, T(0), {}}, {}}, {aux_ptr, dAux}}, {}}; }
+  };
+
+  using Impl::Impl;
+};
+
+}  // namespace cutlass::epilogue::fusion

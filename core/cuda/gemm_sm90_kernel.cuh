@@ -15,6 +15,7 @@
 
 #include "tandem/core/cuda/gemm_sm90.h"
 #include "tandem/core/cuda/gemm_sm90_bias_partials.cuh"
+#include "tandem/core/cuda/gemm_sm90_gelu.cuh"
 #include "tandem/core/cuda/runtime.h"
 
 namespace tandem::cuda::sm90 {
@@ -54,9 +55,7 @@ struct Fusion<Epilogue::bias, T> {
 };
 template <typename T>
 struct Fusion<Epilogue::bias_gelu_aux, T> {
-  using Op =
-      cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<cutlass::layout::RowMajor,
-                                                            cutlass::epilogue::thread::GELU_taylor, T, float, T, T>;
+  using Op = BiasGeluAux<T>;  // gemm_sm90_gelu.cuh
 };
 
 template <typename T>
@@ -153,7 +152,8 @@ bool launch(const Problem& p, int variant, int device, cudaStream_t stream) {
   args.epilogue.ptr_D = static_cast<T*>(p.d);
   args.epilogue.dD = leading_dimension<typename Kernel::StrideD>(p.ldd);
   auto& fusion = args.epilogue.thread;
-  if constexpr (epilogue != Epilogue::dgelu_aux_bias_partials) {  // that one has no alpha or beta
+  // Tandem's own trees (bias_gelu_aux, dgelu_aux_bias_partials) have no alpha or beta.
+  if constexpr (epilogue != Epilogue::bias_gelu_aux && epilogue != Epilogue::dgelu_aux_bias_partials) {
     fusion.alpha = 1.0f;
     fusion.beta = 0.0f;
   }
