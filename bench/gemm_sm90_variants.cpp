@@ -1,9 +1,10 @@
 // tandem's sm_90 products (core/cuda/gemm_sm90.h) alone, every variant, on GPT-2 B8's MLP shapes
-// in bf16: the 768 -> 3072 layer's forward (plain, and with its bias and GELU storing the
-// pre-activation) and the input gradient of the 3072 -> 768 layer (plain, through GELU's backward,
-// and that with the column sums of c_fc's bias gradient), all (8192, 3072) = (8192, 768) @ (768,
-// 3072). Each variant back to back on fresh random inputs, median of per-call events, us and
-// TFLOPS; the slack of the epilogue shows as the gap to the plain product of the same variant.
+// in bf16: the 768 -> 3072 layer's forward (plain, with its bias, and with its bias and GELU
+// storing the pre-activation) and the input gradient of the 3072 -> 768 layer (plain, through
+// GELU's backward, and that with the column sums of c_fc's bias gradient), all (8192, 3072) =
+// (8192, 768) @ (768, 3072). Each variant back to back on fresh random inputs, median of per-call
+// events, us and TFLOPS; the slack of the epilogue shows as the gap to the plain product of the
+// same variant.
 //
 // Usage: gemm_sm90_variants [--only PROBLEM:VARIANT [--calls N]]: --only runs one product N
 // times (default 20) and nothing else, for a profiler's single kernel.
@@ -49,6 +50,8 @@ std::vector<Named> problems(Operands& o) {
   forward.a = o.x.data_ptr(), forward.lda = kNarrow;
   forward.b = o.w_fc.data_ptr(), forward.ldb = kNarrow, forward.b_transposed = true;
   forward.d = o.out.data_ptr(), forward.ldd = kWide;
+  sm90::Problem forward_bias = forward;
+  forward_bias.epilogue = sm90::Epilogue::bias, forward_bias.bias = o.bias.data_ptr();
   sm90::Problem forward_gelu = forward;
   forward_gelu.epilogue = sm90::Epilogue::bias_gelu_aux;
   forward_gelu.bias = o.bias.data_ptr(), forward_gelu.aux = o.pre.data_ptr();
@@ -64,6 +67,7 @@ std::vector<Named> problems(Operands& o) {
   dgelu_partials.epilogue = sm90::Epilogue::dgelu_aux_bias_partials;
   dgelu_partials.bias_partials = static_cast<float*>(o.partials.data_ptr());
   return {{"forward", forward},
+          {"forward_bias", forward_bias},
           {"forward_bias_gelu_aux", forward_gelu},
           {"input_gradient", input_gradient},
           {"input_gradient_dgelu_aux", dgelu},
