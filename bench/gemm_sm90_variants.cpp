@@ -77,27 +77,56 @@ std::vector<Named> problems(Operands& o) {
 void launch(const sm90::Problem& p, int variant) {
   TANDEM_CHECK(sm90::run(p, variant, 0, cuda::current_stream(0)), "variant ", variant, " refused the problem");
 }
+
+// What --only asked for: one problem by name, one variant, some calls.
+struct OnlyRequest {
+  std::string problem;
+  int variant = 0;
+  int calls = 20;
+};
+
+// Parses "--only PROBLEM:VARIANT [--calls N]" from argv[1] on; exits with a message naming what was
+// expected when the arguments are anything else.
+OnlyRequest parse_only(int argc, char** argv) {
+  const std::string spec = argc >= 3 ? argv[2] : "";
+  const size_t colon = spec.find(':');
+  char* end = nullptr;
+  const long variant = colon == std::string::npos ? -1 : std::strtol(spec.c_str() + colon + 1, &end, 10);
+  const bool calls_given = argc == 5 && std::strcmp(argv[3], "--calls") == 0;
+  const int calls = calls_given ? std::atoi(argv[4]) : 20;
+  if (colon == 0 || variant < 0 || variant >= sm90::kVariants || end == nullptr || *end != '\0' || calls <= 0 ||
+      (argc != 3 && !calls_given)) {
+    std::fprintf(stderr,
+                 "gemm_sm90_variants: --only takes PROBLEM:VARIANT with VARIANT 0 to %d, then optionally --calls N "
+                 "with N > 0; got:",
+                 sm90::kVariants - 1);
+    for (int i = 1; i < argc; ++i) std::fprintf(stderr, " %s", argv[i]);
+    std::fprintf(stderr, "\n");
+    std::exit(2);
+  }
+  return {spec.substr(0, colon), static_cast<int>(variant), calls};
+}
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!cuda::cutlass_gemm_built() || !sm90::available(0)) {
+  const bool only = argc >= 2 && std::strcmp(argv[1], "--only") == 0;
+  const OnlyRequest request = only ? parse_only(argc, argv) : OnlyRequest{};
+  if (!cuda::is_available() || !cuda::cutlass_gemm_built() || !sm90::available(0)) {
     std::printf("gemm_sm90_variants: needs tandem's sm_90 kernels and an sm_90 GPU\n");
     return 77;
   }
   Operands operands;
   const std::vector<Named> all = problems(operands);
-  if (argc >= 3 && std::strcmp(argv[1], "--only") == 0) {
-    const std::string spec = argv[2];
-    const size_t colon = spec.find(':');
-    const int calls = argc >= 5 && std::strcmp(argv[3], "--calls") == 0 ? std::atoi(argv[4]) : 20;
+  if (only) {
     for (const Named& n : all) {
-      if (spec.substr(0, colon) != n.name) continue;
-      const int variant = std::atoi(spec.c_str() + colon + 1);
-      for (int i = 0; i < calls; ++i) launch(n.problem, variant);
+      if (request.problem != n.name) continue;
+      for (int i = 0; i < request.calls; ++i) launch(n.problem, request.variant);
       TANDEM_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream(0)));
       return 0;
     }
-    std::printf("gemm_sm90_variants: no problem named in %s\n", spec.c_str());
+    std::fprintf(stderr, "gemm_sm90_variants: no problem named %s; problems:", request.problem.c_str());
+    for (const Named& n : all) std::fprintf(stderr, " %s", n.name);
+    std::fprintf(stderr, "\n");
     return 2;
   }
   const double flops = 2.0 * kRows * kWide * kNarrow;
