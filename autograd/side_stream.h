@@ -33,8 +33,8 @@ namespace tandem::autograd {
 // 0.4-2% off GPT-2's B8 and B1 T128 bf16 steps and the MLP's, eager and replayed, but made GPT-2
 // B1 T1024's replayed step 1% longer (the products beside attention's and layer norm's backward
 // slow them more than the overlap saves; fewer items beside were slower still), and an eager
-// step's peak memory grows by what the items hold (the MLP's by 42 MiB). See the README, "Weight
-// gradients beside backward".
+// step's peak memory grows by what the items hold (the MLP's by 42 MiB). See docs/performance-notes.md,
+// "Weight gradients beside backward".
 void set_weight_gradients_beside(bool enabled);
 bool weight_gradients_beside();
 

@@ -88,7 +88,7 @@ bool run(const Problem& p, int variant, int device, cudaStream_t stream);
 // Whether the products launch as dependent launches: where the device allows (dependent_launch.cuh),
 // except inside a graph capture. There they take an ordinary edge: a replayed step has no launch
 // gaps for a dependent launch to hide, and as dependent launches these kernels made replayed steps
-// slower (the MLP's on an H200: README, "tandem's CUTLASS kernels on sm_90").
+// slower (the MLP's on an H200: docs/performance-notes.md, "tandem's CUTLASS kernels on sm_90").
 bool launch_as_dependent(int device);
 
 }  // namespace tandem::cuda::sm90

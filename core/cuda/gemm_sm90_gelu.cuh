@@ -14,8 +14,8 @@
 // 15 (fused multiply-adds, z^2 computed once): in the ping-pong kernels the epilogues, one warp
 // group's at a time, set the pace, and their warps mostly issue or wait on the instruction before.
 // At GPT-2 B8's size (8192 x 3072, k 768) the input gradient through GELU took 3-5 us less with
-// it (README, "tandem's CUTLASS kernels on sm_90"). Rounding differs from dGELU's in the last
-// bits of f32.
+// it (docs/performance-notes.md, "tandem's CUTLASS kernels on sm_90"). Rounding differs from dGELU's
+// in the last bits of f32.
 #include <cutlass/array.h>
 #include <cutlass/epilogue/fusion/operations.hpp>
 #include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>

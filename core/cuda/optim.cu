@@ -26,7 +26,7 @@
 //   chunks of 65536 (a standalone test of this kernel's shape). Chunks of 1024 were faster in such a
 //   test (4.10 TB/s) but slower in the training steps (the MLP's update in its step moves 4.12
 //   TB/s in chunks of 2048), and so was thread 0 making the tensor's rule after the block's first
-//   loads rather than before: see the README's Measurement log, 2026-11-29.
+//   loads rather than before: see docs/measurement-log.md, 2026-11-29.
 // - With GradScaler, every block first reads the found-inf flag and returns when it is set, so a
 //   skipped step is decided on the device; gradients are multiplied by 1 / scale as they are read.
 //   AdamW's step counts live on the device too: each block derives the bias corrections from its
