@@ -166,9 +166,9 @@ bool input_gelu_in_epilogue(const Tensor& grad_out, const Tensor& weight) {
   // H200, 2026-11-24). And only from kDgeluMinRows rows, or from kDgeluMinRowsLongSum rows where
   // the product sums over at least kDgeluLongSum (n): cuBLASLt runs DGELU on an older kernel that
   // is slow on few rows, where a plain matmul and GELU's backward take less time (so did tandem's
-  // sm_90 kernel at GPT-2 B1 T1024's 1024 rows, a sum over 768: docs/performance-notes.md,
-  // "tandem's CUTLASS kernels"); over a sum of 4096 (the MLP benchmark's 1024 rows) the epilogue's extra time is a
-  // smaller share of the product's, and less than GELU's pass with its gaps.
+  // sm_90 kernel at GPT-2 B1 T1024's 1024 rows, a sum over 768: docs/performance-notes.md, "tandem's
+  // CUTLASS kernels on sm_90"); over a sum of 4096 (the MLP benchmark's 1024 rows) the epilogue's extra
+  // time is a smaller share of the product's, and less than GELU's pass with its gaps.
   constexpr int64_t kDgeluMinRows = 4096, kDgeluMinRowsLongSum = 1024, kDgeluLongSum = 4096;
   const bool half = grad_out.dtype() == DType::bf16 || grad_out.dtype() == DType::f16;
   const bool enough_rows = m >= kDgeluMinRows || (m >= kDgeluMinRowsLongSum && n >= kDgeluLongSum);

@@ -167,8 +167,8 @@ struct InitOptions {
   // is_high_priority_stream) rather than the default one. On 2 H200s an all-reduce of 1 MiB on a
   // highest-priority stream ordered after the compute stream took the GPU 1.1-1.3 us longer than
   // on a default-priority one, and DDP's steps were the same either way (docs/performance-notes.md,
-  // "Collectives on several GPUs"). The priority
-  // lets NCCL's blocks be scheduled ahead of the compute stream's when both wait for the GPU.
+  // "Collectives on several GPUs"). The priority lets NCCL's blocks be scheduled ahead of the
+  // compute stream's when both wait for the GPU.
   // $TANDEM_COMM_STREAM_HIGH_PRIORITY=1 (or 0) overrides it.
   bool comm_stream_high_priority = false;
   // An all-reduce of one cuda tensor of f32, f64, f16, bf16 (any op) or i32, i64 (sum, max, min)
@@ -177,9 +177,10 @@ struct InitOptions {
   // (the tensor's bytes times size - 1; so 8 MiB tensors on 2 ranks, 1.1 MiB on 8). The kernel is
   // one launch where NCCL's call takes the host some 7-13 us, which decides a small all-reduce's
   // speed, and on 2 H200s it also ran 1-16 MiB faster than NCCL's (docs/performance-notes.md,
-  // "Collectives on several GPUs"; not measured on more ranks, where each rank reads more: bench/allreduce
-  // tells). Every rank computes the same bits (a sum in rank order); NCCL's may differ from them in the last
-  // bits. It keeps two staging buffers of the largest tensor on each GPU. 0 turns it off.
+  // "Collectives on several GPUs"; not measured on more ranks, where each rank reads more:
+  // bench/allreduce tells). Every rank computes the same bits (a sum in rank order); NCCL's may
+  // differ from them in the last bits. It keeps two staging buffers of the largest tensor on each
+  // GPU. 0 turns it off.
   // $TANDEM_PEER_ALL_REDUCE_MAX_BYTES overrides it, and when set says on rank 0 why the path is off
   // where it is.
   int64_t peer_all_reduce_max_bytes = int64_t{8} << 20;
