@@ -199,6 +199,23 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
                                          const Tensor& weight, const Tensor& bias, double eps = 1e-5,
                                          const Tensor& residual_bias = Tensor());
+// A linear layer whose output joins the residual stream, and the layer norm after it: returns
+// {sum, layer_norm(sum)} with sum = residual + x @ weight^T + bias, the values and gradients of
+// add_layer_norm(linear(x, weight), residual, normalized_shape, norm_weight, norm_bias, eps, bias).
+// On CUDA the add runs in the product's epilogue (residual and bias added in f32 and rounded
+// once), so the layer's output is never stored apart from the sum and layer norm reads one tensor
+// instead of two.
+std::pair<Tensor, Tensor> linear_add_layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                                const Tensor& residual, const Shape& normalized_shape,
+                                                const Tensor& norm_weight, const Tensor& norm_bias,
+                                                double eps = 1e-5);
+// The same after the transformer's MLP: sum = residual + gelu_mlp(x, fc_weight, fc_bias,
+// proj_weight, proj_bias), the add in the last product's epilogue on CUDA.
+std::pair<Tensor, Tensor> gelu_mlp_add_layer_norm(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
+                                                  const Tensor& proj_weight, const Tensor& proj_bias,
+                                                  const Tensor& residual, const Shape& normalized_shape,
+                                                  const Tensor& norm_weight, const Tensor& norm_bias,
+                                                  double eps = 1e-5);
 // Rows of weight (V, D) picked by integer indices of any shape: result (..., D).
 Tensor embedding(const Tensor& indices, const Tensor& weight);
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training;

@@ -13,7 +13,8 @@
 // (cuDNN's with its frontend; TANDEM_ATTENTION changes that) and bf16 on tandem's own flash
 // kernels ("attention_*_bf16_flash") and on cuDNN's ("attention_*_bf16_cudnn") where it has both.
 // GPT-2's row kernels at B 8, T 1024 in bf16 ("gpt2_*"): layer norm of x + residual (+ the
-// residual's bias) forward, its backward with the gradient from the residual stream added and the
+// residual's bias) forward, plain layer norm's forward (what a residual add elsewhere would leave
+// it), its backward with the gradient from the residual stream added and the
 // weight's, bias's and residual bias's gradients summed, and cross-entropy over 50257 classes
 // writing its gradient, beside a device-to-device copy of the logits (the bytes cross-entropy
 // moves: its ceiling); GB/s counts each tensor read or written once.
@@ -132,6 +133,8 @@ void gpt2_row_kernels() {
     cuda::add_layer_norm_forward(x, residual, residual_bias, weight, bias, sum, out, mean, rstd, 1e-5);
   });
   emit("gpt2_add_layer_norm_fwd_bf16", fwd.ms, 4 * row_bytes, 0, gpu_ms(fwd));
+  CallTimes plain = time_call([&] { cuda::layer_norm_forward(x, weight, bias, out, mean, rstd, 1e-5); });
+  emit("gpt2_layer_norm_fwd_bf16", plain.ms, 2 * row_bytes, 0, gpu_ms(plain));
 
   Tensor grad_out = randn({rows, d}, bf16), pending = randn({rows, d}, bf16);  // (rows, D)
   Tensor grad_x = empty({rows, d}, bf16);                                     // (rows, D)

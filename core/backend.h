@@ -140,9 +140,11 @@ void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tenso
 // Each returns false, having written nothing, when cuBLASLt offers no algorithm for the problem
 // (the caller then composes the result from plain kernels).
 // out (M, N) = act(x (M, K) @ weight (N, K)^T + bias (N,)); bias may be undefined; pre (M, N)
-// receives x @ W^T + b when act != none (N % 8 == 0 then), and is undefined otherwise.
+// receives x @ W^T + b when act != none (N % 8 == 0 then), and is undefined otherwise. With a
+// residual (M, N) (act none only), out = residual + x @ W^T + bias, added in the product's epilogue
+// in f32 and rounded once; residual must not overlap out.
 bool linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& pre,
-                    Activation act);
+                    Activation act, const Tensor& residual = Tensor());
 // grad_weight (N, K) = grad (M, N)^T @ x (M, K); grad_bias (N,) = the column sums of grad, or undefined.
 bool linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight, const Tensor& grad_bias);
 // grad_pre (M, K) = gelu_tanh'(pre (M, K)) * (grad (M, N) @ weight (N, K)): the input gradient of a

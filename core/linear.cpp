@@ -57,18 +57,30 @@ bool fused_on_cuda(const Tensor& x, int64_t n, Activation act) {
 }
 }  // namespace
 
-LinearForward linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
+LinearForward linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
+                             const Tensor& residual) {
   check_linear(x, weight, bias);
   const int64_t n = weight.shape()[0], k = weight.shape()[1];
+  const Shape out_shape = output_shape(x, n);
+  if (residual.defined()) {
+    TANDEM_CHECK_AS(ValueError, act == Activation::none,
+                    "linear: a residual is added only to a layer without an activation");
+    TANDEM_CHECK_AS(ValueError, residual.shape() == out_shape, "linear: residual ", shape_str(residual.shape()),
+                    " must have the output's shape ", shape_str(out_shape));
+    TANDEM_CHECK_AS(TypeError, residual.dtype() == x.dtype(), "linear: residual has dtype ", residual.dtype(),
+                    " but the input has ", x.dtype());
+    TANDEM_CHECK_AS(DeviceError, residual.device() == x.device(), "linear: residual is on ", residual.device(),
+                    " but the input is on ", x.device());
+  }
   Tensor x2 = as_matrix(x);  // (M, K)
   const int64_t m = x2.shape()[0];
-  const Shape out_shape = output_shape(x, n);
   LinearForward result;
   if (fused_on_cuda(x, n, act) && m > 0 && k > 0 && n > 0) {
     Tensor out = empty({m, n}, x.options());                                       // (M, N)
     Tensor pre = act == Activation::none ? Tensor() : empty({m, n}, x.options());  // (M, N)
     Tensor b = bias.defined() ? contiguous(bias) : bias;
-    if (cuda::linear_forward(x2, contiguous(weight), b, out, pre, act)) {
+    Tensor r = residual.defined() ? as_matrix(residual) : residual;  // (M, N)
+    if (cuda::linear_forward(x2, contiguous(weight), b, out, pre, act, r)) {
       result.out = views::reshape(out, out_shape);
       if (pre.defined()) result.pre = views::reshape(pre, out_shape);
       return result;
@@ -76,6 +88,7 @@ LinearForward linear_forward(const Tensor& x, const Tensor& weight, const Tensor
   }
   Tensor y = matmul(x2, views::transpose(weight, 0, 1));  // (M, N)
   if (bias.defined()) y = binary(BinaryOp::add, y, bias);
+  if (residual.defined()) y = binary(BinaryOp::add, as_matrix(residual), y);
   if (act == Activation::gelu_tanh) {
     result.pre = views::reshape(y, out_shape);
     y = unary(UnaryOp::gelu_tanh, y);

@@ -12,12 +12,15 @@ namespace kernels {
 
 // ---- linear layer (core/linear.cpp): out = act(x @ weight^T + bias) ----
 // x (..., K), weight (N, K), bias (N,) or undefined. On CUDA, cuBLASLt adds the bias and applies
-// the activation in the matmul's epilogue; elsewhere matmul, add and gelu are composed.
+// the activation in the matmul's epilogue; elsewhere matmul, add and gelu are composed. With a
+// residual (..., N) (act none only), out = residual + x @ weight^T + bias: on CUDA added in the
+// same epilogue (the layer's output never exists apart from the sum), elsewhere by an add.
 struct LinearForward {
   Tensor out;  // (..., N)
   Tensor pre;  // (..., N): the pre-activation x @ W^T + b when act != none, else undefined
 };
-LinearForward linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act);
+LinearForward linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
+                             const Tensor& residual = Tensor());
 struct LinearGrads {
   Tensor x;       // like x, when asked for
   Tensor weight;  // (N, K), when asked for

@@ -46,7 +46,11 @@ Tensor CausalSelfAttention::attend(const Tensor& x) {
 
 Tensor CausalSelfAttention::forward(const Tensor& x) { return (*c_proj)(attend(x)); }
 
-Tensor CausalSelfAttention::forward_without_bias(const Tensor& x) { return c_proj->forward_without_bias(attend(x)); }
+std::pair<Tensor, Tensor> CausalSelfAttention::forward_add_norm(const Tensor& x, const Tensor& residual,
+                                                                nn::LayerNorm& ln) {
+  return linear_add_layer_norm(attend(x), c_proj->weight, c_proj->bias, residual, ln.normalized_shape, ln.weight,
+                               ln.bias, ln.eps);
+}
 
 GPT2MLP::GPT2MLP(const GPT2Config& config, TensorOptions options) {
   // GELU (tanh) runs in c_fc's matmul epilogue on CUDA.
@@ -60,8 +64,9 @@ Tensor GPT2MLP::forward(const Tensor& x) {
   return gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias);
 }
 
-Tensor GPT2MLP::forward_without_bias(const Tensor& x) {
-  return gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, Tensor());  // (B, T, C)
+std::pair<Tensor, Tensor> GPT2MLP::forward_add_norm(const Tensor& x, const Tensor& residual, nn::LayerNorm& ln) {
+  return gelu_mlp_add_layer_norm(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, residual,
+                                 ln.normalized_shape, ln.weight, ln.bias, ln.eps);
 }
 
 GPT2Block::GPT2Block(const GPT2Config& config, TensorOptions options) {
@@ -77,9 +82,8 @@ Tensor GPT2Block::forward(const Tensor& x) {
 }
 
 std::pair<Tensor, Tensor> GPT2Block::forward_residual(const Tensor& x, const Tensor& x_normed, nn::LayerNorm& next_ln) {
-  auto [y, y_normed] = ln_2->forward_with_residual(x, attn->forward_without_bias(x_normed),
-                                                   attn->c_proj->bias);  // (B, T, C) each
-  return next_ln.forward_with_residual(y, mlp->forward_without_bias(y_normed), mlp->c_proj->bias);  // (B, T, C) each
+  auto [y, y_normed] = attn->forward_add_norm(x_normed, x, *ln_2);  // (B, T, C) each
+  return mlp->forward_add_norm(y_normed, y, next_ln);                // (B, T, C) each
 }
 
 GPT2::GPT2(const GPT2Config& cfg, TensorOptions options) : config(cfg) {
@@ -104,7 +108,8 @@ Tensor GPT2::forward(const Tensor& idx) {
   Tensor pos = arange(T, TensorOptions(DType::i64, idx.device()));  // (T,)
   Tensor x = add((*wte)(idx), (*wpe)(pos));                          // (B, T, C)
   // The residual stream and its normalised copy travel together, so that every residual add runs
-  // inside the layer norm that follows it (the next block's ln_1, or ln_f after the last block).
+  // in the epilogue of the c_proj before it, and the layer norm that follows it (the next block's
+  // ln_1, or ln_f after the last block) reads only the sum.
   auto block = [&](size_t i) { return std::static_pointer_cast<GPT2Block>((*h)[i]); };
   Tensor normed = (*block(0)->ln_1)(x);  // (B, T, C)
   for (size_t i = 0; i < h->size(); ++i) {

@@ -30,8 +30,9 @@ class CausalSelfAttention : public nn::Module {
  public:
   CausalSelfAttention(const GPT2Config& config, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
-  // forward less c_proj's bias, which the caller adds (GPT2Block: in the next layer norm).
-  Tensor forward_without_bias(const Tensor& x);  // (B, T, C) -> (B, T, C)
+  // {residual + forward(x), ln(that)}, the residual add in c_proj's epilogue on CUDA
+  // (linear_add_layer_norm): x, residual (B, T, C) -> two (B, T, C).
+  std::pair<Tensor, Tensor> forward_add_norm(const Tensor& x, const Tensor& residual, nn::LayerNorm& ln);
   std::shared_ptr<nn::Linear> c_attn;        // C -> 3 C
   std::shared_ptr<nn::Linear> c_proj;        // C -> C
   int64_t n_head;
@@ -48,8 +49,9 @@ class GPT2MLP : public nn::Module {
  public:
   GPT2MLP(const GPT2Config& config, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
-  // forward less c_proj's bias, which the caller adds (GPT2Block: in the next layer norm).
-  Tensor forward_without_bias(const Tensor& x);  // (B, T, C) -> (B, T, C)
+  // {residual + forward(x), ln(that)}, the residual add in c_proj's epilogue on CUDA
+  // (gelu_mlp_add_layer_norm): x, residual (B, T, C) -> two (B, T, C).
+  std::pair<Tensor, Tensor> forward_add_norm(const Tensor& x, const Tensor& residual, nn::LayerNorm& ln);
   std::shared_ptr<nn::Linear> c_fc, c_proj;
 
  protected:
@@ -62,8 +64,8 @@ class GPT2Block : public nn::Module {
   GPT2Block(const GPT2Config& config, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
   // The same block inside GPT2::forward: x and ln_1(x) in, {out, next_ln(out)} out, each residual
-  // add fused into the layer norm after it, together with the bias of the c_proj before it (so
-  // that the bias's gradient comes from the layer norm's backward kernel).
+  // add and the bias of the c_proj before it in that c_proj's epilogue, and the bias's gradient
+  // from the layer norm's backward kernel after it (linear_add_layer_norm).
   std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& x_normed, nn::LayerNorm& next_ln);
   std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;

@@ -5,6 +5,7 @@
 // the rest of backward with autograd/side_stream.h).
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
+#include "tandem/autograd/ops/residual_sum.h"
 #include "tandem/autograd/side_stream.h"
 #include "tandem/core/kernels.h"
 
@@ -13,8 +14,10 @@ namespace tandem {
 using autograd::record;
 using autograd::saved;
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation) {
-  kernels::LinearForward f = kernels::linear_forward(x, weight, bias, activation);
+namespace {
+// The linear op's node for f, the forward of act(x @ weight^T + bias).
+Tensor record_linear(const kernels::LinearForward& f, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                     Activation activation) {
   const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
   const bool need_b = bias.defined() && bias.requires_grad();
   // x is kept only when the weight's gradient (which reads it) is wanted.
@@ -48,6 +51,18 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
                   }
                   return {gx, w[0], bias_left ? w[1] : a.bias};
                 });
+}
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation) {
+  return record_linear(kernels::linear_forward(x, weight, bias, activation), x, weight, bias, activation);
+}
+
+Tensor detail::linear_into_residual(const Tensor& x, const Tensor& weight, const Tensor& residual,
+                                    const Tensor& residual_bias) {
+  // The product's node without a bias: residual_bias's gradient comes from the add's node.
+  return record_linear(kernels::linear_forward(x, weight, residual_bias, Activation::none, residual), x, weight,
+                       Tensor(), Activation::none);
 }
 
 }  // namespace tandem

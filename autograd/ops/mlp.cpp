@@ -11,12 +11,14 @@
 // core/cuda/bias_gradient.cu). The weight gradients (dW_i = g_i^T h_i) run first where they are
 // large (kernels::weight_gradient_first), else after the input gradient, beside the rest of
 // backward where that mode is on (autograd/side_stream.h). Saved: x, the pre-activations and the
-// hidden activations, as the linear ops would keep them.
+// hidden activations, as the linear ops would keep them. gelu_mlp_add_layer_norm (nn.cpp) runs the
+// same node with a residual added in the last product's epilogue (detail::gelu_mlp_into_residual).
 #include <cstdint>
 #include <vector>
 
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
+#include "tandem/autograd/ops/residual_sum.h"
 #include "tandem/autograd/side_stream.h"
 #include "tandem/core/error.h"
 #include "tandem/core/kernels.h"
@@ -112,9 +114,10 @@ std::vector<Tensor> chain_backward(ChainSaved& s, const Tensor& g, bool release)
   return grads;
 }
 
-}  // namespace
-
-Tensor gelu_mlp(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases) {
+// gelu_mlp's node; with a residual (..., N_{L-1}), the last layer's output holds residual + its
+// product + residual_bias (detail::gelu_mlp_into_residual), the last bias being undefined.
+Tensor record_gelu_mlp(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
+                       const Tensor& residual, const Tensor& residual_bias) {
   const size_t layers = weights.size();
   TANDEM_CHECK_AS(ValueError, layers >= 1, "gelu_mlp: needs at least one layer's weight, got none");
   TANDEM_CHECK_AS(ValueError, biases.size() == layers, "gelu_mlp: got ", layers, " weights but ", biases.size(),
@@ -125,8 +128,11 @@ Tensor gelu_mlp(const Tensor& x, const std::vector<Tensor>& weights, const std::
   bool wanted_before = x.requires_grad();  // whether anything before the current layer wants a gradient
   Tensor h = x;                            // (..., K_i): layer i's input
   for (size_t i = 0; i < layers; ++i) {
-    const Activation act = i + 1 < layers ? Activation::gelu_tanh : Activation::none;
-    kernels::LinearForward f = kernels::linear_forward(h, weights[i], biases[i], act);
+    const bool last = i + 1 == layers;
+    const Activation act = last ? Activation::none : Activation::gelu_tanh;
+    kernels::LinearForward f = last && residual.defined()
+                                   ? kernels::linear_forward(h, weights[i], residual_bias, act, residual)
+                                   : kernels::linear_forward(h, weights[i], biases[i], act);
     const bool need_w = weights[i].requires_grad();
     const bool need_b = biases[i].defined() && biases[i].requires_grad();
     s.weights.push_back(saved(weights[i]));
@@ -148,6 +154,20 @@ Tensor gelu_mlp(const Tensor& x, const std::vector<Tensor>& weights, const std::
                 [s = std::move(s)](const Tensor& g) mutable -> std::vector<Tensor> {
                   return chain_backward(s, g, autograd::backward_releases_saved());
                 });
+}
+
+}  // namespace
+
+Tensor gelu_mlp(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases) {
+  return record_gelu_mlp(x, weights, biases, Tensor(), Tensor());
+}
+
+Tensor detail::gelu_mlp_into_residual(const Tensor& x, const std::vector<Tensor>& weights,
+                                      const std::vector<Tensor>& biases, const Tensor& residual,
+                                      const Tensor& residual_bias) {
+  TANDEM_CHECK_AS(ValueError, !biases.empty() && !biases.back().defined(),
+                  "gelu_mlp: with a residual the last layer's bias is the residual's bias, not a bias of its own");
+  return record_gelu_mlp(x, weights, biases, residual, residual_bias);
 }
 
 Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,

@@ -4,6 +4,7 @@
 #include "tandem/autograd/grad_mode.h"
 #include "tandem/autograd/node.h"
 #include "tandem/autograd/ops.h"
+#include "tandem/autograd/ops/residual_sum.h"
 #include "tandem/core/kernels.h"
 #include "tandem/core/random.h"
 #include "tandem/core/views.h"
@@ -81,36 +82,79 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return record_layer_norm(views::reshape(f.out, x.shape()), x, x_rows, weight, bias, f, normalized_shape);
 }
 
-std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
-                                         const Tensor& weight, const Tensor& bias, double eps,
-                                         const Tensor& residual_bias) {
-  Tensor x_rows = layer_norm_rows("add_layer_norm", x, normalized_shape, weight, bias);  // (..., D)
-  TANDEM_CHECK_AS(ValueError, residual.shape() == x.shape(), "add_layer_norm: residual ", shape_str(residual.shape()),
-                  " must have the input's shape ", shape_str(x.shape()));
-  TANDEM_CHECK_AS(ValueError, !residual_bias.defined() || residual_bias.shape() == normalized_shape,
-                  "add_layer_norm: residual_bias must have shape normalized_shape ", shape_str(normalized_shape),
-                  ", got ", shape_str(residual_bias.shape()));
-  kernels::AddLayerNormForward f = kernels::add_layer_norm_forward(
-      x_rows, views::reshape(residual, x_rows.shape()), weight, bias, eps, residual_bias);
-  // Two nodes from one kernel: the add (its gradient goes to both terms unchanged), and the layer
-  // norm of the sum, whose gradient reaches the add's node together with the sum's other uses.
+namespace {
+// add_layer_norm's two nodes for sum_rows (..., D), x + residual (+ residual_bias) as computed,
+// and norm, layer norm's forward of it: the add (its gradient goes to both terms unchanged), and
+// the layer norm of the sum, whose gradient reaches the add's node together with the sum's other
+// uses.
+std::pair<Tensor, Tensor> record_add_layer_norm(const Tensor& sum_rows, const kernels::LayerNormForward& norm,
+                                                const Tensor& x, const Tensor& residual,
+                                                const Shape& normalized_shape, const Tensor& weight,
+                                                const Tensor& bias, const Tensor& residual_bias) {
   if (!residual_bias.defined() || !residual_bias.requires_grad()) {
-    Tensor sum = record(views::reshape(f.sum, x.shape()), "add", {x, residual},  // a constant bias: no edge
+    Tensor sum = record(views::reshape(sum_rows, x.shape()), "add", {x, residual},  // a constant bias: no edge
                         [](const Tensor& g) -> std::vector<Tensor> { return {g, g}; });
-    Tensor normed = record_layer_norm(views::reshape(f.norm.out, x.shape()), sum, f.sum, weight, bias, f.norm,
+    Tensor normed = record_layer_norm(views::reshape(norm.out, x.shape()), sum, sum_rows, weight, bias, norm,
                                       normalized_shape);
     return {sum, normed};
   }
   auto hand_off = std::make_shared<ResidualBiasHandOff>();
-  Tensor sum = record(views::reshape(f.sum, x.shape()), "add", {x, residual, residual_bias},
+  Tensor sum = record(views::reshape(sum_rows, x.shape()), "add", {x, residual, residual_bias},
                       [hand_off, bias_shape = residual_bias.shape()](const Tensor& g) -> std::vector<Tensor> {
                         Tensor g_bias = hand_off->summed_by_norm ? Tensor() : kernels::sum_to(g, bias_shape);
                         hand_off->summed_by_norm = false;  // for the next backward through the graph
                         return {g, g, g_bias};
                       });
-  Tensor normed = record_layer_norm(views::reshape(f.norm.out, x.shape()), sum, f.sum, weight, bias, f.norm,
+  Tensor normed = record_layer_norm(views::reshape(norm.out, x.shape()), sum, sum_rows, weight, bias, norm,
                                     normalized_shape, residual_bias, hand_off);
   return {sum, normed};
+}
+
+// x's rows after add_layer_norm's (or its fused callers') checks of residual and residual_bias.
+Tensor add_layer_norm_rows(const char* op, const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                           const Tensor& weight, const Tensor& bias, const Tensor& residual_bias) {
+  Tensor x_rows = layer_norm_rows(op, x, normalized_shape, weight, bias);  // (..., D)
+  TANDEM_CHECK_AS(ValueError, residual.shape() == x.shape(), op, ": residual ", shape_str(residual.shape()),
+                  " must have the input's shape ", shape_str(x.shape()));
+  TANDEM_CHECK_AS(ValueError, !residual_bias.defined() || residual_bias.shape() == normalized_shape, op,
+                  ": residual_bias must have shape normalized_shape ", shape_str(normalized_shape), ", got ",
+                  shape_str(residual_bias.shape()));
+  return x_rows;
+}
+}  // namespace
+
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                         const Tensor& weight, const Tensor& bias, double eps,
+                                         const Tensor& residual_bias) {
+  Tensor x_rows = add_layer_norm_rows("add_layer_norm", x, residual, normalized_shape, weight, bias, residual_bias);
+  kernels::AddLayerNormForward f = kernels::add_layer_norm_forward(
+      x_rows, views::reshape(residual, x_rows.shape()), weight, bias, eps, residual_bias);
+  return record_add_layer_norm(f.sum, f.norm, x, residual, normalized_shape, weight, bias, residual_bias);
+}
+
+std::pair<Tensor, Tensor> detail::add_layer_norm_of_sum(const Tensor& product, const Tensor& residual,
+                                                        const Shape& normalized_shape, const Tensor& weight,
+                                                        const Tensor& bias, double eps, const Tensor& residual_bias) {
+  // The sum's values as a tensor of their own: `product` keeps the product's node.
+  Tensor sum_rows = add_layer_norm_rows("add_layer_norm", product.detach(), residual, normalized_shape, weight, bias,
+                                        residual_bias);  // (..., D)
+  kernels::LayerNormForward norm = kernels::layer_norm_forward(sum_rows, weight, bias, eps);
+  return record_add_layer_norm(sum_rows, norm, product, residual, normalized_shape, weight, bias, residual_bias);
+}
+
+std::pair<Tensor, Tensor> linear_add_layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                                const Tensor& residual, const Shape& normalized_shape,
+                                                const Tensor& norm_weight, const Tensor& norm_bias, double eps) {
+  return detail::add_layer_norm_of_sum(detail::linear_into_residual(x, weight, residual, bias), residual,
+                                       normalized_shape, norm_weight, norm_bias, eps, bias);
+}
+
+std::pair<Tensor, Tensor> gelu_mlp_add_layer_norm(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
+                                                  const Tensor& proj_weight, const Tensor& proj_bias,
+                                                  const Tensor& residual, const Shape& normalized_shape,
+                                                  const Tensor& norm_weight, const Tensor& norm_bias, double eps) {
+  Tensor sum = detail::gelu_mlp_into_residual(x, {fc_weight, proj_weight}, {fc_bias, Tensor()}, residual, proj_bias);
+  return detail::add_layer_norm_of_sum(sum, residual, normalized_shape, norm_weight, norm_bias, eps, proj_bias);
 }
 
 Tensor embedding(const Tensor& indices, const Tensor& weight) {

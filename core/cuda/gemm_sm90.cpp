@@ -14,6 +14,7 @@ namespace tandem::cuda::sm90 {
 // The generated files' entry points (gemm_sm90_instance.cu.in).
 bool launch_forward_none_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_bias_bf16(const Problem&, int, int, cudaStream_t);
+bool launch_forward_bias_residual_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_bias_gelu_aux_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_input_gradient_none_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_input_gradient_dgelu_aux_bf16(const Problem&, int, int, cudaStream_t);
@@ -21,6 +22,7 @@ bool launch_input_gradient_dgelu_aux_bias_partials_bf16(const Problem&, int, int
 bool launch_weight_gradient_none_bf16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_none_f16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_bias_f16(const Problem&, int, int, cudaStream_t);
+bool launch_forward_bias_residual_f16(const Problem&, int, int, cudaStream_t);
 bool launch_forward_bias_gelu_aux_f16(const Problem&, int, int, cudaStream_t);
 bool launch_input_gradient_none_f16(const Problem&, int, int, cudaStream_t);
 bool launch_input_gradient_dgelu_aux_f16(const Problem&, int, int, cudaStream_t);
@@ -68,8 +70,10 @@ bool supported(const Problem& p) {
   const bool input_gradient = !p.a_transposed && !p.b_transposed;
   const bool weight_gradient = p.a_transposed && !p.b_transposed;
   if (!(forward || input_gradient || weight_gradient)) return false;
-  const bool with_bias = p.epilogue == Epilogue::bias || p.epilogue == Epilogue::bias_gelu_aux;
+  const bool with_residual = p.epilogue == Epilogue::bias_residual;
+  const bool with_bias = p.epilogue == Epilogue::bias || with_residual || p.epilogue == Epilogue::bias_gelu_aux;
   if (with_bias && (!forward || p.bias == nullptr || !aligned(p.bias))) return false;
+  if (with_residual && (p.c == nullptr || !aligned(p.c))) return false;
   const bool dgelu = p.epilogue == Epilogue::dgelu_aux || p.epilogue == Epilogue::dgelu_aux_bias_partials;
   if (dgelu && !input_gradient) return false;
   const bool with_aux = p.epilogue == Epilogue::bias_gelu_aux || dgelu;
@@ -118,6 +122,8 @@ bool run(const Problem& p, int variant, int device, cudaStream_t stream) {
   switch (p.epilogue) {
     case Epilogue::none: return (bf16 ? launch_forward_none_bf16 : launch_forward_none_f16)(p, variant, device, stream);
     case Epilogue::bias: return (bf16 ? launch_forward_bias_bf16 : launch_forward_bias_f16)(p, variant, device, stream);
+    case Epilogue::bias_residual:
+      return (bf16 ? launch_forward_bias_residual_bf16 : launch_forward_bias_residual_f16)(p, variant, device, stream);
     case Epilogue::bias_gelu_aux:
       return (bf16 ? launch_forward_bias_gelu_aux_bf16 : launch_forward_bias_gelu_aux_f16)(p, variant, device, stream);
     case Epilogue::dgelu_aux:

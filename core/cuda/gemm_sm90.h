@@ -20,16 +20,18 @@
 namespace tandem::cuda::sm90 {
 
 // What the kernel does after the product: nothing, + bias (n,) broadcast down the rows,
+// + bias + c with c (m, n) read (a layer whose output joins a residual stream: D is the sum),
 // pre = acc + bias stored to aux and D = gelu_tanh(pre) (the linear layer's GELU forward), or
 // D = gelu_tanh'(aux) * acc with aux (m, n) read (GELU's backward: the input gradient of the layer
 // after a GELU times the derivative at the pre-activation that the forward stored), and that with
 // the column sums of D as stored, one partial row per tile of rows (the bias gradient of the layer
 // that made aux, which sum_partial_rows finishes: bias_partial_rows).
-enum class Epilogue { none, bias, bias_gelu_aux, dgelu_aux, dgelu_aux_bias_partials };
+enum class Epilogue { none, bias, bias_residual, bias_gelu_aux, dgelu_aux, dgelu_aux_bias_partials };
 
 // D (m, n) row-major with leading dimension ldd = A (m, k) @ B (k, n). A is stored row-major
 // (m, k) with leading dimension lda, or, when a_transposed, as its transpose (k, m) row-major;
-// B likewise as (k, n), or as (n, k) when b_transposed. aux (m, n) shares D's leading dimension.
+// B likewise as (k, n), or as (n, k) when b_transposed. aux and c (m, n) share D's leading
+// dimension.
 struct Problem {
   DType dtype = DType::bf16;
   int64_t m = 0, n = 0, k = 0;
@@ -43,6 +45,7 @@ struct Problem {
   int64_t ldd = 0;
   Epilogue epilogue = Epilogue::none;
   const void* bias = nullptr;
+  const void* c = nullptr;  // bias_residual: the residual (m, n) added to the product
   void* aux = nullptr;
   // dgelu_aux_bias_partials: (max_bias_partial_rows(m), n) f32, of which the variant that runs
   // writes the first bias_partial_rows(variant, m): row i holds the column sums of D's rows in its
@@ -64,9 +67,9 @@ bool available(int device);
 
 // Whether a kernel exists for p: 16-bit, m, n, k > 0, the operand layouts of a linear layer's
 // forward (A as stored, B transposed), input gradient (both as stored) or weight gradient (A
-// transposed), the bias epilogues only on the forward's and the dgelu ones only on the input
-// gradient's (with bias partials: n a multiple of 256), and 16-byte aligned
-// pointers and leading dimensions (TMA's rule).
+// transposed), the bias epilogues (bias_residual with c given) only on the forward's and the
+// dgelu ones only on the input gradient's (with bias partials: n a multiple of 256), and 16-byte
+// aligned pointers and leading dimensions (TMA's rule).
 bool supported(const Problem& p);
 
 // The rows of D in one tile of `variant`, the partial rows dgelu_aux_bias_partials writes in it (one

@@ -4,6 +4,8 @@
 // (CMake writes them from gemm_sm90_instance.cu.in), which compile for sm_90a with CUTLASS's
 // grid-dependency control on (CUTLASS_ENABLE_GDC_FOR_SM90: the kernels wait for the previous grid
 // before their first load and let the next one launch when their last tile's loads are done).
+#include <type_traits>
+
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/thread/activation.h>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
@@ -52,6 +54,10 @@ struct Fusion<Epilogue::none, T> {
 template <typename T>
 struct Fusion<Epilogue::bias, T> {
   using Op = cutlass::epilogue::fusion::LinCombPerColBias<T, float, T>;
+};
+template <typename T>
+struct Fusion<Epilogue::bias_residual, T> {
+  using Op = cutlass::epilogue::fusion::LinCombPerColBias<T, float, T>;  // with beta 1 and C the residual
 };
 template <typename T>
 struct Fusion<Epilogue::bias_gelu_aux, T> {
@@ -105,9 +111,11 @@ struct KernelFor {
   using C = Config<config>;
   using L = Layouts<kind>;
   static constexpr int kAlign = 8;  // elements: 16 bytes
+  // The source C: read (the residual) only by bias_residual; the others have none to load.
+  using ElementC = std::conditional_t<epilogue == Epilogue::bias_residual, T, void>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename C::Tile, typename C::Cluster,
-      typename C::EpilogueTile, float, float, void, cutlass::layout::RowMajor, kAlign, T,
+      typename C::EpilogueTile, float, float, ElementC, cutlass::layout::RowMajor, kAlign, T,
       cutlass::layout::RowMajor, kAlign, typename C::EpilogueSchedule, typename Fusion<epilogue, T>::Op>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, typename L::A, kAlign, T, typename L::B, kAlign, float,
@@ -147,7 +155,11 @@ bool launch(const Problem& p, int variant, int device, cudaStream_t stream) {
   args.mainloop.dA = leading_dimension<typename Kernel::StrideA>(p.lda);
   args.mainloop.ptr_B = static_cast<const T*>(p.b);
   args.mainloop.dB = leading_dimension<typename Kernel::StrideB>(p.ldb);
-  args.epilogue.ptr_C = nullptr;
+  if constexpr (epilogue == Epilogue::bias_residual) {
+    args.epilogue.ptr_C = static_cast<const T*>(p.c);
+  } else {
+    args.epilogue.ptr_C = nullptr;
+  }
   args.epilogue.dC = leading_dimension<typename Kernel::StrideC>(p.ldd);
   args.epilogue.ptr_D = static_cast<T*>(p.d);
   args.epilogue.dD = leading_dimension<typename Kernel::StrideD>(p.ldd);
@@ -155,9 +167,10 @@ bool launch(const Problem& p, int variant, int device, cudaStream_t stream) {
   // Tandem's own trees (bias_gelu_aux, dgelu_aux_bias_partials) have no alpha or beta.
   if constexpr (epilogue != Epilogue::bias_gelu_aux && epilogue != Epilogue::dgelu_aux_bias_partials) {
     fusion.alpha = 1.0f;
-    fusion.beta = 0.0f;
+    fusion.beta = epilogue == Epilogue::bias_residual ? 1.0f : 0.0f;
   }
-  if constexpr (epilogue == Epilogue::bias || epilogue == Epilogue::bias_gelu_aux) {
+  if constexpr (epilogue == Epilogue::bias || epilogue == Epilogue::bias_residual ||
+                epilogue == Epilogue::bias_gelu_aux) {
     fusion.bias_ptr = static_cast<const T*>(p.bias);
   }
   // aux (m, n) with D's leading dimension: written by the GELU forward, read by GELU's backward.

@@ -3,7 +3,8 @@
 // - forward, out (M, N) = act(x (M, K) @ W (N, K)^T + b): cuBLASLt computes out^T (N, M) =
 //   op_T(W as stored, (K, N)) @ x as stored (K, M). The bias runs along D's rows (N), which is
 //   what CUBLASLT_EPILOGUE_BIAS broadcasts; GELU_AUX_BIAS also stores x W^T + b into the aux
-//   buffer, column-major (N, M) with leading dimension N: that is pre (M, N) row-major.
+//   buffer, column-major (N, M) with leading dimension N: that is pre (M, N) row-major. With a
+//   residual (M, N) the product adds it as C (beta 1), laid out as out is.
 // - weight gradient, dW (N, K) = g (M, N)^T @ x (M, K): cuBLASLt computes dW^T (K, N) =
 //   x as stored (K, M) @ op_T(g as stored, (N, M)). The GEMM's k is M, and the bias gradient
 //   sum_m g[m, n] is a reduction of cuBLASLt's B over k into D's columns (N): BGRADB.
@@ -19,6 +20,7 @@
 // instead. On sm_90 the forward (bias and GELU epilogues), the input gradient through GELU and the
 // weight gradient without BGRADB may run on tandem's CUTLASS kernels instead (gemm_sm90.h,
 // cuda::gemm_kernels), which take the row-major operands as they are.
+#include <algorithm>
 #include <functional>
 #include <tuple>
 
@@ -36,7 +38,7 @@ using namespace lt;
 // One cuBLASLt problem D (rows, cols) = op(A) @ op(B), with its epilogue and the alignments the
 // chosen algorithm relies on, and the epilogue of the same problem for gemm_sm90.h (-1: none).
 using PlanKey =
-    std::tuple<int, int, int, int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, int, int, int>;
+    std::tuple<int, int, int, int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, int, int, int, int>;
 
 // The algorithm per problem, or found false where cuBLASLt has none.
 PlanCache<PlanKey>& plans() {
@@ -53,7 +55,8 @@ struct Problem {
   int64_t lda;
   const void* b;  // stored column-major (k, cols), or (cols, k) when transposed
   int64_t ldb;
-  void* d;  // (rows, cols) column-major, ld = rows
+  void* d;        // (rows, cols) column-major, ld = rows
+  const void* c;  // (rows, cols) like d, added to the product (beta 1), or null (beta 0)
   cublasLtEpilogue_t epilogue;
   const void* bias;  // bias (forward) or bias gradient (backward), or null
   void* aux;         // GELU pre-activation (rows, cols), ld = rows, or null
@@ -87,7 +90,8 @@ bool run(const Problem& p, const sm90::Problem* sm90_problem = nullptr, int* sm9
   Layout layout_b(t.data, p.transpose_b ? p.cols : p.k, p.transpose_b ? p.k : p.cols, p.ldb, 1, 0);
   Layout layout_d(t.data, p.rows, p.cols, p.rows, 1, 0);
 
-  const int align_a = alignment(p.a), align_b = alignment(p.b), align_d = alignment(p.d);
+  const int align_a = alignment(p.a), align_b = alignment(p.b);
+  const int align_d = p.c ? std::min(alignment(p.d), alignment(p.c)) : alignment(p.d);  // C's and D's
   const int align_bias = p.bias ? alignment(p.bias) : 0, align_aux = p.aux ? alignment(p.aux) : 0;
   const int device = p.device.index;
   PlanKey key{device,
@@ -105,12 +109,15 @@ bool run(const Problem& p, const sm90::Problem* sm90_problem = nullptr, int* sm9
               align_bias,
               align_aux,
               static_cast<int>(gemm_kernels()),
-              sm90_problem ? static_cast<int>(sm90_problem->epilogue) : -1};
+              sm90_problem ? static_cast<int>(sm90_problem->epilogue) : -1,
+              p.c != nullptr};
   NvtxRange range("linear");
   DeviceGuard guard(device);
-  const float alpha = 1.0f, beta = 0.0f;
+  // With a residual C = it and beta 1 (C is not D, so running again writes the same D); else C = D, unread.
+  const float alpha = 1.0f, beta = p.c ? 1.0f : 0.0f;
+  const void* c = p.c ? p.c : p.d;
   auto launch = [&](const cublasLtMatmulAlgo_t& algo, void* workspace, size_t workspace_bytes) {
-    return cublasLtMatmul(handle(device), desc.get(), &alpha, p.a, layout_a.get(), p.b, layout_b.get(), &beta, p.d,
+    return cublasLtMatmul(handle(device), desc.get(), &alpha, p.a, layout_a.get(), p.b, layout_b.get(), &beta, c,
                           layout_d.get(), p.d, layout_d.get(), &algo, workspace, workspace_bytes,
                           current_stream(device));
   };
@@ -120,7 +127,7 @@ bool run(const Problem& p, const sm90::Problem* sm90_problem = nullptr, int* sm9
     const double flops = 2.0 * static_cast<double>(p.rows) * static_cast<double>(p.cols) * static_cast<double>(p.k);
     return query_heuristic(device, desc, layout_a, layout_b, layout_d, {align_a, align_b, align_d}, flops, launch,
                            detail::concat("linear ", dtype_name(p.dtype), " D (", p.rows, ", ", p.cols, "), k ", p.k,
-                                          ", epilogue ", static_cast<int>(p.epilogue)),
+                                          ", epilogue ", static_cast<int>(p.epilogue), p.c ? " + C" : ""),
                            sm90_problem, sm90_saves);
   });
   if (!h.found && h.sm90_variant < 0) return false;
@@ -137,7 +144,7 @@ bool run(const Problem& p, const sm90::Problem* sm90_problem = nullptr, int* sm9
 }  // namespace
 
 bool linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& pre,
-                    Activation act) {
+                    Activation act, const Tensor& residual) {
   const int64_t m = x.shape()[0], k = x.shape()[1], n = weight.shape()[0];
   Problem p{};
   p.device = out.device();
@@ -152,6 +159,7 @@ bool linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   p.b = x.data_ptr();
   p.ldb = k;
   p.d = out.data_ptr();
+  p.c = residual.defined() ? residual.data_ptr() : nullptr;  // (M, N) row-major: out^T's layout
   p.bias = bias.defined() ? bias.data_ptr() : nullptr;
   if (act == Activation::gelu_tanh) {
     p.aux = pre.data_ptr();
@@ -161,7 +169,7 @@ bool linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
     p.epilogue = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   }
   // The same for gemm_sm90.h: out (M, N) = x (M, K) @ (W (N, K) as stored, transposed), which has
-  // GELU's epilogue only with a bias.
+  // GELU's epilogue and the residual's only with a bias.
   sm90::Problem s;
   s.dtype = x.dtype();
   s.m = m, s.n = n, s.k = k;
@@ -169,10 +177,13 @@ bool linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   s.b = weight.data_ptr(), s.ldb = k, s.b_transposed = true;
   s.d = out.data_ptr(), s.ldd = n;
   s.bias = p.bias;
+  s.c = p.c;
   s.aux = p.aux;
   s.epilogue = act == Activation::gelu_tanh ? sm90::Epilogue::bias_gelu_aux
-                                            : (bias.defined() ? sm90::Epilogue::bias : sm90::Epilogue::none);
-  const bool sm90_has_it = act != Activation::gelu_tanh || bias.defined();
+               : residual.defined()         ? sm90::Epilogue::bias_residual
+               : bias.defined()             ? sm90::Epilogue::bias
+                                            : sm90::Epilogue::none;
+  const bool sm90_has_it = (act != Activation::gelu_tanh && !residual.defined()) || bias.defined();
   return run(p, sm90_has_it ? &s : nullptr);
 }
 
@@ -191,6 +202,7 @@ bool linear_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
   p.b = grad.data_ptr();
   p.ldb = n;
   p.d = grad_weight.data_ptr();
+  p.c = nullptr;
   p.bias = grad_bias.defined() ? grad_bias.data_ptr() : nullptr;
   p.aux = nullptr;
   p.epilogue = grad_bias.defined() ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
@@ -222,6 +234,7 @@ bool linear_backward_input_gelu(const Tensor& grad, const Tensor& weight, const 
   p.b = grad.data_ptr();
   p.ldb = n;
   p.d = grad_pre.data_ptr();
+  p.c = nullptr;
   p.bias = nullptr;
   p.aux = pre.data_ptr();
   p.epilogue = CUBLASLT_EPILOGUE_DGELU;

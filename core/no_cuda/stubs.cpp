@@ -177,7 +177,8 @@ void add_layer_norm_forward(const Tensor&, const Tensor&, const Tensor&, const T
                             const Tensor&, const Tensor&, const Tensor&, double) {
   no_cuda("add_layer_norm_forward");
 }
-bool linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Activation) {
+bool linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Activation,
+                    const Tensor&) {
   no_cuda("linear_forward");
 }
 bool linear_backward_weight(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {

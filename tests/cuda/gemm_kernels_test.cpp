@@ -5,6 +5,8 @@
 // f64 on fresh random inputs, and a second run gives the same bits (a problem keeps its choice); so
 // does gelu_mlp at 4096 rows and more, whose input gradient through GELU is one product (on tandem's
 // kernel, with fc's bias gradient summed in its epilogue where the hidden width allows).
+// Likewise linear_add_layer_norm and gelu_mlp_add_layer_norm, whose last product adds the
+// residual stream in its epilogue.
 // On a GPU other than sm_90, or in a build without CUTLASS, both settings run cuBLASLt. The shapes
 // are this file's own, so that no earlier test of the process has already fixed their choices.
 #include <functional>
@@ -159,6 +161,76 @@ TEST(GemmKernels, GeluMlpChainOverALongSumMatchesTheCpuInEachSetting) {
     width += 8;
     check_layers(1032, {width, 256, 4096, width}, dtype, /*fused=*/true);
   });
+}
+
+// linear_add_layer_norm (hidden 0) or gelu_mlp_add_layer_norm (width -> hidden -> width) into a
+// residual (rows, width) and the layer norm after it: both outputs and every gradient against the
+// CPU in f64 (the sum rounded once), and the same bits on a second run.
+void check_residual_norm(int64_t rows, int64_t width, int64_t hidden, DType dtype) {
+  const double tol = dtype == DType::bf16 ? 3e-2 : dtype == DType::f16 ? 5e-3 : 2e-3;
+  std::vector<Tensor> cpu{random_exact_in({rows, width}, -1.0, 1.0, dtype)};  // x, weights and biases, then
+  for (int64_t out : hidden > 0 ? std::vector<int64_t>{hidden, width} : std::vector<int64_t>{width}) {
+    const int64_t in = cpu.size() == 1 ? width : hidden;
+    cpu.push_back(random_exact_in({out, in}, -0.1, 0.1, dtype));
+    cpu.push_back(random_exact_in({out}, -0.5, 0.5, dtype));
+  }
+  cpu.push_back(random_exact_in({rows, width}, -2.0, 2.0, dtype));  // the residual
+  cpu.push_back(random_exact_in({width}, 0.5, 1.5, dtype));         // the norm's weight
+  cpu.push_back(random_exact_in({width}, -0.5, 0.5, dtype));        // and bias
+  Tensor dir_sum = random_exact_in({rows, width}, -1.0, 1.0, dtype);
+  Tensor dir_norm = random_exact_in({rows, width}, -1.0, 1.0, dtype);
+  auto run = [&](const std::vector<Tensor>& p) {
+    const size_t n = p.size();
+    return hidden > 0 ? gelu_mlp_add_layer_norm(p[0], p[1], p[2], p[3], p[4], p[5], {width}, p[6], p[7])
+                      : linear_add_layer_norm(p[0], p[1], p[2], p[n - 3], {width}, p[n - 2], p[n - 1]);
+  };
+  for (Tensor& t : cpu) t = t.detach().requires_grad_();
+  auto [want_sum, want_norm] = run(cpu);
+  // The GPU rounds the sum once, and normalises the rounded sum.
+  Tensor rounded_sum = to(to(want_sum.detach(), dtype), DType::f64);
+  add(sum(mul(want_sum, dir_sum)), sum(mul(want_norm, dir_norm))).backward();
+  std::vector<Tensor> first;  // outputs and gradients of the first GPU run
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::vector<Tensor> gpu;
+    for (const Tensor& t : cpu) gpu.push_back(on_gpu_as(t.detach(), dtype).requires_grad_());
+    auto [s, n] = run(gpu);
+    add(sum(mul(to(s, DType::f32), to(on_gpu_as(dir_sum, dtype), DType::f32))),
+        sum(mul(to(n, DType::f32), to(on_gpu_as(dir_norm, dtype), DType::f32))))
+        .backward();
+    std::vector<Tensor> results{on_cpu_f64(s), on_cpu_f64(n)};
+    for (const Tensor& t : gpu) results.push_back(on_cpu_f64(t.grad()));
+    if (attempt == 0) {
+      EXPECT_TRUE(testing::all_close(results[0], rounded_sum, tol, tol)) << "sum";
+      EXPECT_TRUE(testing::all_close(results[1], layer_norm(rounded_sum, {width}, cpu[cpu.size() - 2].detach(),
+                                                            cpu.back().detach()),
+                                     tol, tol))
+          << "normalised";
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        EXPECT_TRUE(testing::all_close(results[i + 2], cpu[i].grad(), 4 * tol, 4 * tol)) << "gradient " << i;
+      }
+      first = results;
+    } else {
+      for (size_t i = 0; i < results.size(); ++i) {
+        EXPECT_TRUE(testing::all_close(results[i], first[i], 0.0, 0.0)) << "result " << i << " changed";
+      }
+    }
+  }
+}
+
+// The residual add in the product's epilogue (cuBLASLt's C with beta 1, or tandem's sm_90
+// bias_residual epilogue), after a linear layer and after the GELU MLP, in each setting; and in f32.
+TEST(GemmKernels, ResidualAddInTheEpilogueMatchesTheCpuInEachSetting) {
+  TANDEM_REQUIRE_CUDA();
+  ASSERT_FALSE(are_deterministic_algorithms_enabled());
+  int64_t rows = 512;  // a new row count per case: fresh problems
+  for_each_setting([&](DType dtype) {
+    rows += 8;
+    check_residual_norm(rows, 256, 0, dtype);
+    check_residual_norm(rows, 128, 512, dtype);
+  });
+  SCOPED_TRACE("f32");
+  check_residual_norm(72, 96, 0, DType::f32);
+  check_residual_norm(72, 96, 160, DType::f32);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // tandem's CUTLASS products for sm_90 (core/cuda/gemm_sm90.h): every kernel kind (the linear
-// layer's forward with no epilogue, with a bias, and with a bias and GELU storing the
-// pre-activation; the input gradient, plain, through GELU's backward, and that with the partial
+// layer's forward with no epilogue, with a bias, with a bias and a residual added, and with a bias
+// and GELU storing the pre-activation; the input gradient, plain, through GELU's backward, and that with the partial
 // rows of its column sums; the weight gradient), in
 // bf16 and f16, in every variant, against the CPU in f64 on fresh random inputs of 16-bit values,
 // on shapes that leave partial tiles and rows longer than the matrix; and the problems that have no
@@ -74,6 +74,16 @@ TEST(GemmSm90, ForwardEpiloguesMatchTheCpu) {
       SCOPED_TRACE("bias");
       p.epilogue = Epilogue::bias;
       check_every_variant(p, out, with_bias);
+    }
+    {
+      SCOPED_TRACE("bias and the residual: one rounding of the f32 sum");
+      Tensor residual = random_exact_in({m, n}, -4.0, 4.0, dtype);
+      Tensor gr = on_gpu_as(residual, dtype);
+      p.epilogue = Epilogue::bias_residual;
+      p.c = gr.data_ptr();
+      check_every_variant(p, out, add(with_bias, residual));
+      EXPECT_TRUE(testing::all_close(on_cpu_f64(gr), residual, 0.0, 0.0)) << "the residual is read, not written";
+      p.c = nullptr;
     }
     {
       SCOPED_TRACE("bias and GELU");
@@ -247,6 +257,16 @@ TEST(GemmSm90, ProblemsWithoutAKernel) {
   q = p;
   q.epilogue = Epilogue::bias;
   EXPECT_FALSE(supported(q)) << "a bias epilogue without a bias";
+  q.epilogue = Epilogue::bias_residual;
+  q.bias = buffer.data_ptr();
+  EXPECT_FALSE(supported(q)) << "the residual epilogue without a residual";
+  q.c = buffer.data_ptr();
+  EXPECT_TRUE(supported(q)) << "the residual epilogue on the forward";
+  q.c = static_cast<const char*>(buffer.data_ptr()) + 2;
+  EXPECT_FALSE(supported(q)) << "a residual 2 bytes off 16-byte alignment";
+  q.c = buffer.data_ptr();
+  q.b_transposed = false;
+  EXPECT_FALSE(supported(q)) << "the residual epilogue on the input gradient";
   q = p;
   q.lda = 8;
   EXPECT_FALSE(supported(q)) << "a leading dimension shorter than the rows";
