@@ -57,6 +57,26 @@ Tensor layers(const std::vector<Tensor>& p, bool fused) {
   return h;
 }
 
+// One GPU run's results (the outputs, then the gradients): the first run's against want (the
+// outputs within tol, the gradients within grad_tol), each later run's against the first's, bit for
+// bit (a problem keeps its choice).
+void check_run(int run, const std::vector<Tensor>& results, const std::vector<Tensor>& want, size_t outputs,
+               double tol, double grad_tol, std::vector<Tensor>& first) {
+  ASSERT_EQ(results.size(), want.size());
+  if (run > 0) {
+    for (size_t i = 0; i < results.size(); ++i) {
+      EXPECT_TRUE(testing::all_close(results[i], first[i], 0.0, 0.0)) << "result " << i << " changed";
+    }
+    return;
+  }
+  for (size_t i = 0; i < results.size(); ++i) {
+    const double t = i < outputs ? tol : grad_tol;
+    EXPECT_TRUE(testing::all_close(results[i], want[i], t, t))
+        << (i < outputs ? "output " : "gradient ") << (i < outputs ? i : i - outputs);
+  }
+  first = results;
+}
+
 void check_layers(int64_t rows, const std::vector<int64_t>& widths, DType dtype, bool fused) {
   const double tol = dtype == DType::bf16 ? 3e-2 : 5e-3;
   std::vector<Tensor> cpu{random_exact_in({rows, widths[0]}, -1.0, 1.0, dtype)};  // x, then (W_i, b_i)
@@ -69,6 +89,8 @@ void check_layers(int64_t rows, const std::vector<int64_t>& widths, DType dtype,
   for (Tensor& t : cpu) t = t.detach().requires_grad_();
   Tensor want = layers(cpu, /*fused=*/false);
   sum(mul(want, direction)).backward();
+  std::vector<Tensor> expected{want};
+  for (const Tensor& t : cpu) expected.push_back(t.grad());
   std::vector<Tensor> first;  // output and gradients of the first GPU run
   for (int run = 0; run < 2; ++run) {
     std::vector<Tensor> gpu;
@@ -77,17 +99,7 @@ void check_layers(int64_t rows, const std::vector<int64_t>& widths, DType dtype,
     sum(mul(to(got, DType::f32), to(on_gpu_as(direction, dtype), DType::f32))).backward();
     std::vector<Tensor> results{on_cpu_f64(got)};
     for (const Tensor& t : gpu) results.push_back(on_cpu_f64(t.grad()));
-    if (run == 0) {
-      EXPECT_TRUE(testing::all_close(results[0], want, tol, tol)) << "output";
-      for (size_t i = 0; i < cpu.size(); ++i) {
-        EXPECT_TRUE(testing::all_close(results[i + 1], cpu[i].grad(), 2 * tol, 2 * tol)) << "gradient " << i;
-      }
-      first = results;
-    } else {
-      for (size_t i = 0; i < results.size(); ++i) {
-        EXPECT_TRUE(testing::all_close(results[i], first[i], 0.0, 0.0)) << "result " << i << " changed";
-      }
-    }
+    check_run(run, results, expected, 1, tol, 2 * tol, first);
   }
 }
 
@@ -189,6 +201,10 @@ void check_residual_norm(int64_t rows, int64_t width, int64_t hidden, DType dtyp
   // The GPU rounds the sum once, and normalises the rounded sum.
   Tensor rounded_sum = to(to(want_sum.detach(), dtype), DType::f64);
   add(sum(mul(want_sum, dir_sum)), sum(mul(want_norm, dir_norm))).backward();
+  // The sum as the GPU rounds it, its layer norm, and every gradient.
+  std::vector<Tensor> expected{rounded_sum,
+                               layer_norm(rounded_sum, {width}, cpu[cpu.size() - 2].detach(), cpu.back().detach())};
+  for (const Tensor& t : cpu) expected.push_back(t.grad());
   std::vector<Tensor> first;  // outputs and gradients of the first GPU run
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::vector<Tensor> gpu;
@@ -199,21 +215,7 @@ void check_residual_norm(int64_t rows, int64_t width, int64_t hidden, DType dtyp
         .backward();
     std::vector<Tensor> results{on_cpu_f64(s), on_cpu_f64(n)};
     for (const Tensor& t : gpu) results.push_back(on_cpu_f64(t.grad()));
-    if (attempt == 0) {
-      EXPECT_TRUE(testing::all_close(results[0], rounded_sum, tol, tol)) << "sum";
-      EXPECT_TRUE(testing::all_close(results[1], layer_norm(rounded_sum, {width}, cpu[cpu.size() - 2].detach(),
-                                                            cpu.back().detach()),
-                                     tol, tol))
-          << "normalised";
-      for (size_t i = 0; i < cpu.size(); ++i) {
-        EXPECT_TRUE(testing::all_close(results[i + 2], cpu[i].grad(), 4 * tol, 4 * tol)) << "gradient " << i;
-      }
-      first = results;
-    } else {
-      for (size_t i = 0; i < results.size(); ++i) {
-        EXPECT_TRUE(testing::all_close(results[i], first[i], 0.0, 0.0)) << "result " << i << " changed";
-      }
-    }
+    check_run(attempt, results, expected, 2, tol, 4 * tol, first);
   }
 }
 
