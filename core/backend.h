@@ -21,6 +21,9 @@ namespace tandem {
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);                                 \
   /* any strides, dtypes may differ, same shape and device */                                                          \
   void copy(const Tensor& src, const Tensor& dst);                                                                     \
+  /* srcs[i] into dsts[i] for every i, byte for byte: each pair dense with the same strides and dtype, all on one     \
+     device */                                                                                                         \
+  void copy_each(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts);                                   \
   void fill(const Tensor& dst, double value);                                                                          \
   /* out (n,) contiguous: out[i] = start + i * step, computed in f64, converted to out's dtype */                      \
   void arange(const Tensor& out, double start, double step);                                                           \

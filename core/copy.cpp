@@ -31,6 +31,31 @@ void copy_(const Tensor& dst, const Tensor& src) {
   TANDEM_ROUTE(dst.device(), copy, staged, dst);
 }
 
+void copy_each_(const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs) {
+  TANDEM_CHECK_AS(ValueError, dsts.size() == srcs.size(), "copy_each_: ", dsts.size(), " destinations for ",
+                  srcs.size(), " sources");
+  // The pairs one backend call can take, by device; the others one copy_ each.
+  std::vector<Tensor> together_src, together_dst;
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const Tensor &d = dsts[i], &s = srcs[i];
+    TANDEM_CHECK_AS(ValueError, d.shape() == s.shape(), "copy_each_: pair ", i, " has shapes ",
+                    shape_str(d.shape()), " (destination) and ", shape_str(s.shape()), " (source)");
+    // Both dense in one layout (a channels-last weight's gradient in its channels-last slot too):
+    // then the copy is of nbytes, byte for byte.
+    const bool plain = d.device() == s.device() && d.dtype() == s.dtype() && d.strides() == s.strides() &&
+                       d.is_contiguous(d.suggest_memory_format()) &&
+                       (together_dst.empty() || d.device() == together_dst.front().device());
+    if (!plain) {
+      copy_(d, s);
+    } else if (d.numel() > 0) {
+      together_dst.push_back(d);
+      together_src.push_back(s);
+    }
+  }
+  if (together_dst.empty()) return;
+  TANDEM_ROUTE(together_dst.front().device(), copy_each, together_src, together_dst);
+}
+
 void fill_(const Tensor& dst, double value) {
   if (dst.numel() == 0) return;
   TANDEM_ROUTE(dst.device(), fill, dst, value);

@@ -2,6 +2,7 @@
 // Copies (with casts, across devices), fills, dtype and device conversion, random fills
 // (device-neutral side). Backends: core/cpu/elementwise.cpp, core/cuda/elementwise.cu, memcpy.cpp.
 #include <cstdint>
+#include <vector>
 
 #include "tandem/core/tensor.h"
 
@@ -13,6 +14,10 @@ namespace kernels {
 
 // Copies src into dst elementwise (same shape; casts dtype; any strides; any devices).
 void copy_(const Tensor& dst, const Tensor& src);
+// copy_(dsts[i], srcs[i]) for every i. Pairs dense in one layout, of one dtype and on one device go
+// together: on CUDA one launch for up to 32 of them (a bucket's gradients moving into it), in
+// place of a copy each.
+void copy_each_(const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs);
 void fill_(const Tensor& dst, double value);
 Tensor contiguous(const Tensor& x);  // x itself if already contiguous
 Tensor clone(const Tensor& x);       // always a fresh contiguous copy

@@ -101,6 +101,10 @@ void copy(const Tensor& src, const Tensor& dst) {
   });
 }
 
+void copy_each(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts) {
+  for (size_t i = 0; i < srcs.size(); ++i) std::memmove(dsts[i].data_ptr(), srcs[i].data_ptr(), dsts[i].nbytes());
+}
+
 void arange(const Tensor& out, double start, double step) {
   dispatch_all(out.dtype(), "arange", "cpu", [&](auto tag) {
     using T = decltype(tag);

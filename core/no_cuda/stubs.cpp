@@ -158,6 +158,7 @@ void batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tens
                          const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   no_cuda("batch_norm_backward");
 }
+void copy_each(const std::vector<Tensor>&, const std::vector<Tensor>&) { no_cuda("copy_each"); }
 void sgd_step(const UpdateTensors&, const SgdHyper&) { no_cuda("sgd_step"); }
 void adamw_step(const UpdateTensors&, const AdamWHyper&) { no_cuda("adamw_step"); }
 void join_master_halves(const Tensor&, const Tensor&, const Tensor&) { no_cuda("join_master_halves"); }
