@@ -50,8 +50,13 @@ void accumulate(AutogradMeta& m, const Tensor& leaf, const Tensor& grad) {
   }
 }
 
+void run_ready_hooks(const Tensor& leaf) {
+  for (auto& hook : meta(leaf).gradient_ready_hooks) hook(leaf);
+}
+
 void run_hooks(const Tensor& leaf) {
   for (auto& hook : meta(leaf).post_accumulate_hooks) hook(leaf);
+  run_ready_hooks(leaf);
 }
 }  // namespace
 
@@ -59,15 +64,17 @@ std::vector<Tensor> AccumulateGrad::apply(Tensor grad) {
   AutogradMeta& m = meta(leaf_);
   if (ColumnSumBatch* sums = current_column_sum_batch(); sums != nullptr && !sums->empty()) {
     // A gradient whose column sum waits in the batch becomes .grad as it is, still waiting, when
-    // nothing reads it before backward ends: no .grad to add into, no copy to make, no hook.
-    const bool read_now =
-        m.grad.defined() || !m.post_accumulate_hooks.empty() || !sole_owner(grad, leaf_.suggest_memory_format());
+    // nothing reads it now: no .grad to add into, no copy to make, no hook but the gradient-ready
+    // ones (which read it later, after finish_gradient_sums).
+    const bool hooks_read = !m.post_accumulate_hooks.empty();
+    const bool read_now = m.grad.defined() || hooks_read || !sole_owner(grad, leaf_.suggest_memory_format());
     if (!read_now && sums->waits_for(grad)) {
       m.grad = grad;
+      run_ready_hooks(leaf_);
       return {};
     }
-    // Hooks read .grad and may read other leaves' (DDP's buckets): every sum first.
-    if (!m.post_accumulate_hooks.empty()) sums->flush();
+    // Hooks read .grad and may read other leaves': every sum first.
+    if (hooks_read) sums->flush();
     sums->flush_for(grad);
     sums->flush_for(m.grad);
   }
@@ -89,8 +96,27 @@ std::vector<Tensor> AccumulateGrad::apply(Tensor grad) {
     m.grad = grad;  // no kernel: .grad is pending on the gradient's own item
   }
   side->mark(m.grad, done);
-  if (!m.post_accumulate_hooks.empty()) side->defer(done, [leaf = leaf_] { run_hooks(leaf); });
+  if (!m.post_accumulate_hooks.empty() || !m.gradient_ready_hooks.empty()) {
+    side->defer(done, [leaf = leaf_] { run_hooks(leaf); });
+  }
   return {};
+}
+
+void register_gradient_ready_hook(const Tensor& leaf, std::function<void(const Tensor&)> hook) {
+  TANDEM_CHECK_AS(ValueError, leaf.is_leaf() && leaf.requires_grad(),
+                  "register_gradient_ready_hook: only leaf tensors that require grad accumulate gradients");
+  meta(leaf).gradient_ready_hooks.push_back(std::move(hook));
+}
+
+void finish_gradient_sums(const std::vector<Tensor>& grads) {
+  ColumnSumBatch* sums = current_column_sum_batch();
+  if (sums == nullptr || sums->empty()) return;
+  for (const Tensor& g : grads) {
+    if (g.defined() && sums->waits_for(g)) {
+      sums->flush();
+      return;
+    }
+  }
 }
 
 bool sole_owner(const Tensor& t, MemoryFormat format) {

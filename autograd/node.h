@@ -22,6 +22,11 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;                // non-leaves: the node that computes this tensor's gradient
   std::weak_ptr<Node> grad_accumulator;         // leaves: the node that accumulates into grad (made lazily)
   std::vector<std::function<void(const Tensor&)>> post_accumulate_hooks;  // leaves: run after accumulation
+  // Leaves: run after accumulation too, but without first finishing the column sums still waiting in
+  // the backward's batch (core/column_sum_batch.h): for a hook that only notes that the gradient is
+  // in .grad and reads it later, after finish_gradient_sums (DDP, which reads a bucket's gradients
+  // when it launches the bucket). post_accumulate_hooks make every waiting sum launch first.
+  std::vector<std::function<void(const Tensor&)>> gradient_ready_hooks;
 };
 
 class Node {
@@ -145,6 +150,13 @@ inline Tensor saved(const Tensor& t) { return t.detach(); }
 // from the storage's start and has no autograd history: then writing into t in place cannot
 // change any other tensor (how a gradient buffer the engine hands over may be reused).
 bool sole_owner(const Tensor& t, MemoryFormat format = MemoryFormat::contiguous);
+
+// Adds a gradient-ready hook (AutogradMeta::gradient_ready_hooks) to a leaf that requires grad.
+void register_gradient_ready_hook(const Tensor& leaf, std::function<void(const Tensor&)> hook);
+// Finishes the column sums still waiting in the running backward's batch when any of `grads` waits
+// for one (nothing outside a backward or when none does): what a gradient-ready hook's owner calls
+// before it reads the gradients.
+void finish_gradient_sums(const std::vector<Tensor>& grads);
 
 // Runs backward from `root` with d(root)/d(root) = `gradient`.
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);

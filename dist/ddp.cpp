@@ -58,6 +58,9 @@ struct DistributedDataParallel::Bucket {
   // buffer holds no gradients yet (they were all dropped, or it is new): each gradient is copied
   // into its slot as it arrives, rather than the bucket zeroed and every gradient added to zeros.
   bool stale = false;
+  // Gradients of this backward that arrived outside their slots, with their slot's index: moved
+  // in together (kernels::copy_each_) when the bucket launches, not one copy as each arrives.
+  std::vector<std::pair<size_t, Tensor>> arrived;
   bool launched = false;
   int64_t launched_after = 0;
   std::shared_ptr<Work> work;
@@ -103,8 +106,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   coalesce_buffers();
   build_buckets();
   self_ = std::make_shared<DistributedDataParallel*>(this);
+  // A gradient-ready hook: the gradient is read when its bucket launches, so column sums still
+  // waiting in the backward's batch need not launch at every gradient (autograd/node.h).
   for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].register_post_accumulate_grad_hook([self = self_, i](const Tensor&) {
+    autograd::register_gradient_ready_hook(params_[i], [self = self_, i](const Tensor&) {
       if (*self != nullptr) (*self)->on_gradient(static_cast<int64_t>(i));
     });
   }
@@ -442,22 +447,22 @@ void DistributedDataParallel::on_gradient(int64_t index) {
       b->pending = static_cast<int64_t>(b->params.size());
       b->launched = false;
       b->work.reset();
+      b->arrived.clear();  // left by a backward that failed before its buckets launched
     }
     autograd::queue_callback([this] { finish_backward(); });
   }
   if (ready_[index]) return;  // a second accumulation in the same backward adds into the same view
-  // The gradient must live in its bucket slot. If it was dropped after forward (zero_grad between
-  // forward and backward), accumulation made a fresh tensor: move it into the slot.
+  // The gradient must live in its bucket slot by the time the bucket launches. If it was dropped
+  // after forward (zero_grad between forward and backward), accumulation made a fresh tensor: it
+  // moves into the slot then, with the bucket's other such gradients (move_arrived_into_slots).
   Bucket& bucket = *buckets_[bucket_of_[index]];
   if (!gradients_in_place_) {
     allocate(bucket);  // a backward without a forward through this DDP after a stage 2 step
     const Tensor& p = params_[index];
     size_t k = std::find(bucket.params.begin(), bucket.params.end(), index) - bucket.params.begin();
-    Tensor s = slot(bucket, k);
     Tensor g = p.grad();
-    if (!g.storage().is_same(bucket.buffer.storage()) || g.offset() != s.offset()) {
-      kernels::copy_(s, g);
-      p.set_grad(s);
+    if (!g.storage().is_same(bucket.buffer.storage()) || g.offset() != bucket.buffer.offset() + bucket.offsets[k]) {
+      bucket.arrived.emplace_back(k, g);
     }
   }
   ready_[index] = true;
@@ -474,7 +479,21 @@ void DistributedDataParallel::launch_ready_buckets() {
   }
 }
 
+void DistributedDataParallel::move_arrived_into_slots(Bucket& b) {
+  if (b.arrived.empty()) return;
+  std::vector<Tensor> grads, slots;
+  for (const auto& [k, g] : b.arrived) {
+    grads.push_back(g);
+    slots.push_back(slot(b, k));
+  }
+  autograd::finish_gradient_sums(grads);  // the hook noted them before their column sums ran
+  kernels::copy_each_(slots, grads);
+  for (size_t j = 0; j < slots.size(); ++j) params_[b.params[b.arrived[j].first]].set_grad(slots[j]);
+  b.arrived.clear();
+}
+
 void DistributedDataParallel::launch(Bucket& b) {
+  move_arrived_into_slots(b);
   b.launched = true;
   b.launched_after = gradients_seen_;
   bool cast = options_.comm_dtype && *options_.comm_dtype != b.buffer.dtype();

@@ -170,6 +170,7 @@ class DistributedDataParallel {
   void attach_gradient_views(bool zero);
   void on_gradient(int64_t param_index);
   void launch_ready_buckets();
+  void move_arrived_into_slots(Bucket& bucket);  // Bucket::arrived, before it launches
   void launch(Bucket& bucket);
   void finish_backward();
   void broadcast_from_rank0(const std::vector<Tensor>& tensors, const std::string& label);

@@ -3,8 +3,8 @@
 // GPU, every gradient of small transformers (layer norms with residual biases, GELU's bias sums,
 // few, split, short and long rows) has the same bits batched as launched one by one, also summed
 // over two passes, through a weight made by an op, with hooks that read gradients, with more sums
-// than one launch takes, and after a backward that fails partway; and waiting never raises the
-// peak memory. Allocations are poisoned (NaN), so a read that ran before its sum shows.
+// than one launch takes, and after a backward that fails partway; gradient-ready hooks (DDP's)
+// leave the sums waiting; and waiting never raises the peak memory. Allocations are poisoned (NaN), so a read that ran before its sum shows.
 #include "tandem/core/column_sum_batch.h"
 #include "support/test_util.h"
 #include "tandem/autograd/node.h"
@@ -274,6 +274,51 @@ TEST(ColumnSumBatchBackward, HooksSeeFinishedGradients) {
     ++checked;
   }
   EXPECT_GT(checked, 6u);  // the second layer's and the final norm's gradients came before the hook
+}
+
+// Gradient-ready hooks on every parameter, as DDP registers them: they leave the sums waiting (no
+// more flushes than with no hook at all, where hooks that read flush at each gradient), and what
+// one of them reads after finish_gradient_sums is the gradient as it ends up.
+TEST(ColumnSumBatchBackward, GradientReadyHooksLeaveTheSumsWaiting) {
+  TANDEM_REQUIRE_CUDA();
+  BatchMode mode(true);
+  SmallTransformer model(1024, 256, 2, DType::bf16);
+  auto flushes_of_a_pass = [&] {
+    model.zero_grad();
+    const uint64_t before = column_sum_batch_flushes();
+    model.loss().backward();
+    return column_sum_batch_flushes() - before;
+  };
+  const uint64_t without_hooks = flushes_of_a_pass();
+  std::vector<Tensor> noted;  // the gradients the hooks were handed, in order
+  std::vector<Tensor> seen(model.params.size());
+  for (size_t i = 0; i < model.params.size(); ++i) {
+    autograd::register_gradient_ready_hook(model.params[i], [&, i](const Tensor& leaf) {
+      noted.push_back(leaf.grad());
+      if (i != 2) return;  // the first layer's fc weight, late in backward: read every gradient so far
+      autograd::finish_gradient_sums(noted);
+      for (size_t j = 0; j < model.params.size(); ++j) {
+        if (model.params[j].grad().defined()) seen[j] = kernels::clone(model.params[j].grad());
+      }
+    });
+  }
+  const uint64_t with_ready_hooks = flushes_of_a_pass();
+  EXPECT_EQ(noted.size(), model.params.size());
+  EXPECT_LE(with_ready_hooks, without_hooks + 1);  // the one the reading hook asked for
+  size_t checked = 0;
+  for (size_t i = 0; i < seen.size(); ++i) {
+    if (!seen[i].defined()) continue;
+    EXPECT_TRUE(bits_match(seen[i], model.params[i].grad())) << "parameter " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 6u);  // the second layer's and the final norm's gradients came before it
+  // Hooks that read at once make every waiting sum launch at each gradient: more flushes.
+  SmallTransformer hooked(1024, 256, 2, DType::bf16);
+  for (Tensor p : hooked.params) p.register_post_accumulate_grad_hook([](const Tensor&) {});
+  hooked.zero_grad();
+  const uint64_t before = column_sum_batch_flushes();
+  hooked.loss().backward();
+  EXPECT_GT(column_sum_batch_flushes() - before, with_ready_hooks);
 }
 
 // Few rows and wide layers, as in the MLP benchmark: the weights' gradients outweigh the
