@@ -5,9 +5,10 @@
 // parameters and buffers are broadcast from rank 0. Gradients live as views into flat bucket
 // buffers: parameters are assigned to buckets in reverse registration order (the order backward
 // produces their gradients), one dtype per bucket, up to bucket_cap_mb (the first bucket capped
-// at first_bucket_mb so communication starts early). Each parameter's post-accumulate hook counts
-// its bucket down; a complete bucket's all-reduce is launched right away on the communication
-// stream, in bucket order on every rank. When backward ends, the compute stream waits on the
+// at first_bucket_mb so communication starts early). Each parameter's gradient-ready hook
+// (autograd/node.h) counts its bucket down and notes a gradient that arrived outside its slot; a
+// complete bucket moves those into its slots (one copy_each_) and launches its all-reduce right
+// away on the communication stream, in bucket order on every rank. When backward ends, the compute stream waits on the
 // buckets' completion events — the host never blocks. Averaging happens in the collective.
 // In a world of one at zero_stage 0 without comm_dtype the averages are the gradients themselves:
 // they stay where backward puts them, and the buckets' collectives launch nothing (they still
