@@ -39,7 +39,11 @@ using TandemDgeluOfAcc =
 // lanes that share a column add theirs by a butterfly of shuffles (every lane ends with the same
 // sum), the warps along m meet in shared memory (the piece's store buffer, free at that point),
 // and their rows are added in warp order. A fixed order throughout: the same bits on every run.
-// Rows past m need no check: their product and aux are zeros from TMA, so their D is 0.
+// Rows past m need no check: their product and aux are zeros from TMA, so their D is 0. Tiles
+// past the problem's edge write no row at all: CUTLASS's persistent scheduler pads its grid of
+// tiles to whole clusters and swizzles and runs the padding's tiles too (their TMA stores
+// clipped), and their rows would land past the end of `partials` (bias_partial_rows of m) or, past
+// n, over the next row's columns.
 // (CUTLASS's Sm90RowReduction does this too, but in the ping-pong kernels its exchange of halves
 // between lanes kept its sums in local memory, which doubled those kernels' time.)
 template <class CtaTileShapeMNK>
@@ -84,16 +88,23 @@ struct TandemColumnPartials {
   struct ConsumerStoreCallbacks : EmptyConsumerStoreCallbacks {
     static constexpr int kTileN = cute::size<1>(CtaTileShapeMNK{});
 
-    Sums sums;      // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) f32, stride 0 along m: a register per column
-    Coords coords;  // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) each value's (m, n) in the tile
-    float* row;     // (kTileN,) this tile's partial row, from its first column
-    int lane_m;     // this lane's place along m among the lanes of its warp
-    int warp_m;     // this warp's place along m among the epilogue's warps
+    Sums sums;        // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) f32, stride 0 along m: a register per column
+    Coords coords;    // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) each value's (m, n) in the tile
+    float* row;       // (row_columns,) this tile's partial row, from its first column
+    int row_columns;  // the tile's columns inside the problem; 0 for a tile past its edge (no row)
+    int lane_m;       // this lane's place along m among the lanes of its warp
+    int warp_m;       // this warp's place along m among the epilogue's warps
     int thread_idx;
 
-    CUTLASS_DEVICE ConsumerStoreCallbacks(Sums&& sums, Coords coords, float* row, int lane_m, int warp_m,
-                                          int thread_idx)
-        : sums(cute::move(sums)), coords(coords), row(row), lane_m(lane_m), warp_m(warp_m), thread_idx(thread_idx) {}
+    CUTLASS_DEVICE ConsumerStoreCallbacks(Sums&& sums, Coords coords, float* row, int row_columns, int lane_m,
+                                          int warp_m, int thread_idx)
+        : sums(cute::move(sums)),
+          coords(coords),
+          row(row),
+          row_columns(row_columns),
+          lane_m(lane_m),
+          warp_m(warp_m),
+          thread_idx(thread_idx) {}
 
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
     CUTLASS_DEVICE Array<ElementInput, FragmentSize> visit(Array<ElementAccumulator, FragmentSize> const&, int epi_v,
@@ -138,7 +149,7 @@ struct TandemColumnPartials {
         }
       }
       sync();
-      for (int c = thread_idx; c < kTileN; c += kThreads) {
+      for (int c = thread_idx; c < row_columns; c += kThreads) {
         float sum = rows[c];
         CUTLASS_PRAGMA_UNROLL
         for (int w = 1; w < kWarpsM; ++w) sum += rows[w * kTileN + c];
@@ -171,8 +182,12 @@ struct TandemColumnPartials {
     const int warp_m = get<0>(idx2crd(right_inverse(warps_mn)(args.thread_idx / NumThreadsPerWarp), shape(warps_mn)));
 
     auto [m, n, k, l] = args.tile_coord_mnkl;
-    const int64_t problem_n = get<1>(args.problem_shape_mnkl);
-    float* row = params.partials + static_cast<int64_t>(m) * problem_n + n * cute::size<1>(CtaTileShapeMNK{});
+    const int64_t problem_m = get<0>(args.problem_shape_mnkl), problem_n = get<1>(args.problem_shape_mnkl);
+    constexpr int64_t kTileM = cute::size<0>(CtaTileShapeMNK{}), kTileN = cute::size<1>(CtaTileShapeMNK{});
+    const int64_t first_column = static_cast<int64_t>(n) * kTileN;
+    const bool inside = static_cast<int64_t>(m) * kTileM < problem_m && first_column < problem_n;
+    const int row_columns = inside ? static_cast<int>(cute::min(kTileN, problem_n - first_column)) : 0;
+    float* row = params.partials + (inside ? static_cast<int64_t>(m) * problem_n + first_column : 0);
     // A (tile m, tile n) view with stride 0 along m, partitioned as the values are: its registers
     // are one per column.
     Tensor column_view =
@@ -185,7 +200,7 @@ struct TandemColumnPartials {
     Tensor coords = sm90_partition_for_epilogue<ReferenceSrc>(make_identity_tensor(take<0, 2>(args.tile_shape_mnk)),
                                                               args.epi_tile, args.tiled_copy, args.thread_idx);
     return ConsumerStoreCallbacks<decltype(sums), decltype(coords), decltype(lanes_mn), decltype(warps_mn)>(
-        cute::move(sums), coords, row, lane_m, warp_m, args.thread_idx);
+        cute::move(sums), coords, row, row_columns, lane_m, warp_m, args.thread_idx);
   }
 };
 

@@ -132,12 +132,18 @@ TEST(GemmSm90, GradientProductsMatchTheCpu) {
     }
     {
       SCOPED_TRACE("input gradient through GELU with its column sums, one partial row per tile of rows");
-      const int64_t wide = 512;  // a multiple of 256, as the bias partials need
+      // A multiple of 256, as the bias partials need, 3 or 6 tiles wide beside m's 5 or 9: CUTLASS's
+      // persistent scheduler pads its grid of tiles to whole clusters (2 along m) and swizzles (4
+      // where both sides have 3 tiles or more) and runs the padding's tiles too, past m and past n,
+      // which must write no partial row.
+      const int64_t wide = 768;
+      const int64_t guard = 8;  // rows after the buffer's max_bias_partial_rows(m), which no variant may write
       Tensor g = random_exact_in({m, k}, -1.0, 1.0, dtype), w = random_exact_in({k, wide}, -0.2, 0.2, dtype);
       Tensor pre = random_exact_in({m, wide}, -3.0, 3.0, dtype);
       Tensor gg = on_gpu_as(g, dtype), gw = on_gpu_as(w, dtype), gpre = on_gpu_as(pre, dtype);
-      Tensor out = empty({m, wide}, TensorOptions(dtype, Device("cuda")));                                  // (m, wide)
-      Tensor partial = empty({max_bias_partial_rows(m), wide}, TensorOptions(DType::f32, Device("cuda")));  // f32
+      Tensor out = empty({m, wide}, TensorOptions(dtype, Device("cuda")));  // (m, wide)
+      Tensor partial = empty({max_bias_partial_rows(m) + guard, wide},
+                             TensorOptions(DType::f32, Device("cuda")));  // (rows, wide) f32
       Problem p;
       p.dtype = dtype;
       p.m = m, p.n = wide, p.k = k;
@@ -165,6 +171,11 @@ TEST(GemmSm90, GradientProductsMatchTheCpu) {
           EXPECT_TRUE(testing::all_close(narrow(rows, 0, i, 1).reshape({wide}), want_row, 1e-5, 1e-4))
               << "partial row " << i;
         }
+        // Every row after them as it was filled: no tile wrote past its own row.
+        const int64_t rest = partial.shape()[0] - parts;
+        EXPECT_TRUE(testing::all_close(on_cpu_f64(narrow(partial, 0, parts, rest)),
+                                       full({rest, wide}, static_cast<double>(1e30f), DType::f64), 0.0, 0.0))
+            << "rows " << parts << " to " << parts + rest - 1 << " were written";
       }
     }
     {
