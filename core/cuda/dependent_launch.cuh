@@ -15,8 +15,7 @@
 // programmatic edges of the graph.
 //
 // TANDEM_DEPENDENT_LAUNCH=0 launches them as ordinary kernels (to rule the scheduling out when
-// looking for a race). One such race is open: on one H200 a test's weight gradient came out wrong
-// with dependent launch on and right with it off (docs/measurement-log.md, 2026-11-30).
+// looking for a race).
 #include <cuda_runtime.h>
 
 #include <utility>
